@@ -1,0 +1,332 @@
+"""Pure certificate work with ``cryptography``: issue, inspect, verify, decide renewal.
+
+Nothing here reads a clock, a file or the network: keys and "now" are passed
+in, PEM bytes come out. That makes the renewal boundary testable to the
+second, and lets the same code serve ``metagpu certs generate`` (files), the
+bootstrap job (a Secret) and the webhook's embedded default (a temp dir).
+
+Defaults follow what the API server and cert-manager expect of a webhook
+serving certificate: ECDSA P-256 keys, a CA with ``keyCertSign`` only, a leaf
+with ``digitalSignature`` + ``serverAuth`` and every Service DNS name as a SAN
+(Go's TLS stack ignores the CN, so the SANs are what is checked).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+KeyAlgorithm = Literal["ecdsa-p256", "ecdsa-p384", "rsa-2048", "rsa-3072", "rsa-4096"]
+KEY_ALGORITHMS: tuple[KeyAlgorithm, ...] = (
+    "ecdsa-p256",
+    "ecdsa-p384",
+    "rsa-2048",
+    "rsa-3072",
+    "rsa-4096",
+)
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+DEFAULT_CA_VALIDITY = dt.timedelta(days=3650)
+"""Ten years: the CA is the caBundle; changing it means re-patching every
+webhook configuration, so it should outlive the installation."""
+
+DEFAULT_LEAF_VALIDITY = dt.timedelta(days=365)
+"""One year, renewed at two thirds of its life (see :data:`DEFAULT_RENEW_FRACTION`)."""
+
+DEFAULT_RENEW_FRACTION = 1 / 3
+"""Renew when less than this fraction of the lifetime is left (cert-manager's default)."""
+
+CLOCK_SKEW = dt.timedelta(minutes=5)
+"""notBefore is back-dated by this much so a node whose clock runs slightly
+behind does not reject a certificate issued a second ago."""
+
+
+class CertError(Exception):
+    """A certificate or key that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class CertPair:
+    """A certificate and its private key, both PEM."""
+
+    cert_pem: bytes
+    key_pem: bytes
+
+
+@dataclass(frozen=True)
+class CertInfo:
+    """What an operator (or the renew decision) needs to know about a certificate."""
+
+    subject: str
+    issuer: str
+    serial: int
+    not_before: dt.datetime
+    not_after: dt.datetime
+    dns_names: tuple[str, ...]
+    ip_addresses: tuple[str, ...]
+    is_ca: bool
+    server_auth: bool
+    fingerprint_sha256: str
+
+    @property
+    def lifetime(self) -> dt.timedelta:
+        return self.not_after - self.not_before
+
+    def remaining(self, now: dt.datetime) -> dt.timedelta:
+        """Time left at ``now`` (negative once expired)."""
+        return self.not_after - now
+
+
+# ---------------------------------------------------------------------- keys
+def new_private_key(algorithm: KeyAlgorithm = "ecdsa-p256") -> PrivateKey:
+    """A fresh private key. P-256 is the default: small, fast, accepted everywhere."""
+    if algorithm == "ecdsa-p256":
+        return ec.generate_private_key(ec.SECP256R1())
+    if algorithm == "ecdsa-p384":
+        return ec.generate_private_key(ec.SECP384R1())
+    if algorithm.startswith("rsa-"):
+        return rsa.generate_private_key(public_exponent=65537, key_size=int(algorithm[4:]))
+    raise CertError(f"key algorithm must be one of {', '.join(KEY_ALGORITHMS)}: {algorithm!r}")
+
+
+def key_to_pem(key: PrivateKey) -> bytes:
+    """PKCS#8 PEM, unencrypted: the form a ``kubernetes.io/tls`` Secret holds."""
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def load_private_key(pem: bytes) -> PrivateKey:
+    """Parse a PEM private key (PKCS#8, PKCS#1 or SEC1)."""
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise CertError(f"not a usable unencrypted PEM private key: {exc}") from exc
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise CertError(f"unsupported private key type {type(key).__name__}; use ECDSA or RSA")
+    return key
+
+
+# ------------------------------------------------------------------- issuing
+def service_dns_names(
+    service: str, namespace: str, *, cluster_domain: str = "cluster.local"
+) -> list[str]:
+    """Every name the API server may use to reach a Service's webhook."""
+    return [
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.{cluster_domain}",
+    ]
+
+
+def issue_ca(
+    *,
+    key: PrivateKey,
+    now: dt.datetime,
+    common_name: str = "metagpu-webhook-ca",
+    validity: dt.timedelta = DEFAULT_CA_VALIDITY,
+) -> CertPair:
+    """A self-signed CA that may sign leaf certificates and nothing below them."""
+    _check_aware(now)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(now + validity)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(cert_sign=True), critical=True)
+        .add_extension(ski, critical=False)
+    )
+    cert = builder.sign(key, _hash_for(key))
+    return CertPair(cert.public_bytes(serialization.Encoding.PEM), key_to_pem(key))
+
+
+def issue_serving_cert(
+    *,
+    ca: CertPair,
+    key: PrivateKey,
+    now: dt.datetime,
+    dns_names: Sequence[str] = (),
+    ip_addresses: Sequence[str] = (),
+    common_name: str | None = None,
+    validity: dt.timedelta = DEFAULT_LEAF_VALIDITY,
+) -> CertPair:
+    """A TLS server certificate for ``dns_names``/``ip_addresses``, signed by ``ca``.
+
+    The leaf never outlives its CA: its notAfter is capped at the CA's.
+    """
+    _check_aware(now)
+    if not dns_names and not ip_addresses:
+        raise CertError("a serving certificate needs at least one DNS name or IP address")
+    ca_cert = _load_cert(ca.cert_pem)
+    ca_key = load_private_key(ca.key_pem)
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in _dedupe(dns_names)]
+    for ip in _dedupe(ip_addresses):
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(ip)))
+        except ValueError as exc:
+            raise CertError(f"not an IP address: {ip!r}") from exc
+    cn = common_name or (dns_names[0] if dns_names else ip_addresses[0])
+    not_after = min(now + validity, ca_cert.not_valid_after_utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn[:64])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(cert_sign=False, rsa=isinstance(key, rsa.RSAPrivateKey)), True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+    )
+    cert = builder.sign(ca_key, _hash_for(ca_key))
+    return CertPair(cert.public_bytes(serialization.Encoding.PEM), key_to_pem(key))
+
+
+# ----------------------------------------------------------------- inspecting
+def inspect_cert(pem: bytes) -> CertInfo:
+    """Parse the first certificate in ``pem`` into :class:`CertInfo`."""
+    cert = _load_cert(pem)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = tuple(san.get_values_for_type(x509.DNSName))
+        ips = tuple(str(ip) for ip in san.get_values_for_type(x509.IPAddress))
+    except x509.ExtensionNotFound:
+        dns, ips = (), ()
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    try:
+        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        server_auth = ExtendedKeyUsageOID.SERVER_AUTH in eku
+    except x509.ExtensionNotFound:
+        server_auth = False
+    return CertInfo(
+        subject=cert.subject.rfc4514_string(),
+        issuer=cert.issuer.rfc4514_string(),
+        serial=cert.serial_number,
+        not_before=cert.not_valid_before_utc,
+        not_after=cert.not_valid_after_utc,
+        dns_names=dns,
+        ip_addresses=ips,
+        is_ca=is_ca,
+        server_auth=server_auth,
+        fingerprint_sha256=cert.fingerprint(hashes.SHA256()).hex(),
+    )
+
+
+def should_renew(
+    info: CertInfo, *, now: dt.datetime, fraction: float = DEFAULT_RENEW_FRACTION
+) -> bool:
+    """True when less than ``fraction`` of the lifetime is left (or it is expired).
+
+    At exactly ``fraction`` left it is not yet due: the boundary belongs to "keep".
+    """
+    _check_aware(now)
+    if not 0 < fraction < 1:
+        raise CertError(f"renew fraction must be between 0 and 1: {fraction}")
+    return info.remaining(now) < info.lifetime * fraction
+
+
+def verify_chain(leaf_pem: bytes, ca_pem: bytes, *, now: dt.datetime) -> None:
+    """Raise :class:`CertError` unless ``ca`` signed ``leaf`` and both are valid at ``now``."""
+    _check_aware(now)
+    leaf, ca = _load_cert(leaf_pem), _load_cert(ca_pem)
+    for what, cert in (("certificate", leaf), ("CA certificate", ca)):
+        if now < cert.not_valid_before_utc:
+            raise CertError(f"{what} is not valid before {cert.not_valid_before_utc.isoformat()}")
+        if now > cert.not_valid_after_utc:
+            raise CertError(f"{what} expired at {cert.not_valid_after_utc.isoformat()}")
+    if leaf.issuer != ca.subject:
+        raise CertError(
+            f"certificate issuer {leaf.issuer.rfc4514_string()!r} is not the CA "
+            f"{ca.subject.rfc4514_string()!r}"
+        )
+    public = ca.public_key()
+    try:
+        if isinstance(public, ec.EllipticCurvePublicKey):
+            hash_alg = leaf.signature_hash_algorithm
+            if hash_alg is None:
+                raise CertError("certificate has no signature hash algorithm")
+            public.verify(leaf.signature, leaf.tbs_certificate_bytes, ec.ECDSA(hash_alg))
+        elif isinstance(public, rsa.RSAPublicKey):
+            hash_alg = leaf.signature_hash_algorithm
+            if hash_alg is None:
+                raise CertError("certificate has no signature hash algorithm")
+            public.verify(leaf.signature, leaf.tbs_certificate_bytes, padding.PKCS1v15(), hash_alg)
+        else:
+            raise CertError(f"unsupported CA key type {type(public).__name__}")
+    except InvalidSignature as exc:
+        raise CertError("certificate was not signed by this CA") from exc
+
+
+def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
+    """True when ``key_pem`` is the private key of the certificate's public key."""
+    cert = _load_cert(cert_pem)
+    key = load_private_key(key_pem)
+    fmt = serialization.PublicFormat.SubjectPublicKeyInfo
+    enc = serialization.Encoding.DER
+    return cert.public_key().public_bytes(enc, fmt) == key.public_key().public_bytes(enc, fmt)
+
+
+# ----------------------------------------------------------------- internals
+def _load_cert(pem: bytes) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(pem)
+    except ValueError as exc:
+        raise CertError(f"not a PEM certificate: {exc}") from exc
+
+
+def _key_usage(*, cert_sign: bool, rsa: bool = False) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=rsa and not cert_sign,  # RSA key exchange in TLS 1.2 needs it
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _hash_for(key: PrivateKey) -> hashes.SHA256 | hashes.SHA384:
+    if isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.key_size > 256:
+        return hashes.SHA384()
+    return hashes.SHA256()
+
+
+def _dedupe(values: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for v in values:
+        seen.setdefault(v, None)
+    return list(seen)
+
+
+def _check_aware(now: dt.datetime) -> None:
+    if now.tzinfo is None:
+        raise CertError("now must be timezone-aware (UTC); naive datetimes are ambiguous")

@@ -1,0 +1,685 @@
+"""An in-memory Kubernetes API server that speaks real HTTP+JSON, for tests.
+
+No API server runs on these machines, so the adapters that use
+kubernetes-asyncio (certs bootstrap, the webhook's namespace cache, the node
+agent) are tested against this one instead. It is deliberately narrow but
+faithful where our code can notice the difference:
+
+* the URL layout of core (``/api/v1``) and group (``/apis/<g>/<v>``) resources,
+  namespaced and cluster-scoped, with ``/status`` subresources;
+* get, list (label and field selectors), create (``generateName``), replace
+  (PUT, with optimistic concurrency: a stale ``metadata.resourceVersion`` is a
+  409 Conflict), JSON Patch, merge patch and strategic merge patch (lists of
+  objects with a ``name`` merge by name, as ``containers`` and ``webhooks`` do),
+  delete;
+* watch (``?watch=true``): newline-delimited events, ADDED for the current
+  state when no resourceVersion is given, replay from a resourceVersion, a
+  410 Gone ERROR event for a compacted one, ``timeoutSeconds``;
+* errors as ``Status`` objects with the reason and message wording of the real
+  API server (NotFound, AlreadyExists, Conflict, Forbidden, Invalid);
+* scripted faults: :meth:`FakeKubeApi.forbid` (RBAC 403s naming the verb and
+  resource) and :meth:`FakeKubeApi.fail_next` (e.g. a one-off 409).
+
+Every request is recorded in :attr:`FakeKubeApi.requests` with its verb, so
+tests can assert "the second run wrote nothing" and the install tests can
+compare the verbs our code uses with what the chart's RBAC grants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import itertools
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import jsonpatch
+from aiohttp import web
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    """One API resource the fake serves."""
+
+    group: str  # "" for core
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
+    ResourceType("", "v1", "namespaces", "Namespace", namespaced=False),
+    ResourceType("", "v1", "nodes", "Node", namespaced=False),
+    ResourceType("", "v1", "pods", "Pod", namespaced=True),
+    ResourceType("", "v1", "secrets", "Secret", namespaced=True),
+    ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True),
+    ResourceType("", "v1", "events", "Event", namespaced=True),
+    ResourceType("events.k8s.io", "v1", "events", "Event", namespaced=True),
+    ResourceType(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        namespaced=False,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the fake saw it."""
+
+    verb: str  # get list watch create update patch delete
+    method: str
+    path: str
+    group: str
+    resource: str
+    subresource: str | None
+    namespace: str | None
+    name: str | None
+    query: dict[str, str]
+    content_type: str
+    body: Any
+    status: int
+
+
+@dataclass
+class _WatchEvent:
+    rv: int
+    type: str
+    obj: Obj
+
+
+@dataclass
+class _Fault:
+    verb: str
+    resource: str
+    status: int
+    reason: str
+    message: str
+    name: str | None = None
+    remaining: int | None = 1  # None: forever
+
+
+@dataclass
+class FakeKubeApi:
+    """The server state and its aiohttp app. Use :func:`running_kube_api` to serve it."""
+
+    resources: tuple[ResourceType, ...] = DEFAULT_RESOURCES
+    requests: list[RecordedRequest] = field(default_factory=list)
+    user: str = "system:serviceaccount:metagpu:metagpu"
+
+    def __post_init__(self) -> None:
+        self._rv = itertools.count(1000)
+        self._store: dict[tuple[str, str], dict[tuple[str, str], Obj]] = {
+            (r.group, r.plural): {} for r in self.resources
+        }
+        self._events: dict[tuple[str, str], list[_WatchEvent]] = {
+            (r.group, r.plural): [] for r in self.resources
+        }
+        self._compacted_below: dict[tuple[str, str], int] = {}
+        self._changed = asyncio.Condition()
+        self._faults: list[_Fault] = []
+
+    # ------------------------------------------------------ test-side API
+    def put(self, obj: Obj) -> Obj:
+        """Create or replace an object directly (no request recorded); returns the stored copy."""
+        rtype = self._type_for_kind(obj["apiVersion"], obj["kind"])
+        meta = obj.setdefault("metadata", {})
+        key = (meta.get("namespace", "") if rtype.namespaced else "", meta["name"])
+        store = self._store[(rtype.group, rtype.plural)]
+        existed = key in store
+        stored = self._stamp(copy.deepcopy(obj), rtype, new=not existed)
+        store[key] = stored
+        self._record_event(rtype, "MODIFIED" if existed else "ADDED", stored)
+        return copy.deepcopy(stored)
+
+    def remove(self, api_version: str, kind: str, name: str, namespace: str = "") -> None:
+        """Delete an object directly, emitting a DELETED watch event."""
+        rtype = self._type_for_kind(api_version, kind)
+        key = (namespace if rtype.namespaced else "", name)
+        obj = self._store[(rtype.group, rtype.plural)].pop(key)
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        self._record_event(rtype, "DELETED", obj)
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> Obj | None:
+        """The stored object, or None."""
+        rtype = self._type_for_kind(api_version, kind)
+        key = (namespace if rtype.namespaced else "", name)
+        obj = self._store[(rtype.group, rtype.plural)].get(key)
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def objects(self, api_version: str, kind: str, namespace: str | None = None) -> list[Obj]:
+        """Every stored object of a kind (optionally in one namespace)."""
+        rtype = self._type_for_kind(api_version, kind)
+        return [
+            copy.deepcopy(o)
+            for (ns, _), o in sorted(self._store[(rtype.group, rtype.plural)].items())
+            if namespace is None or ns == namespace
+        ]
+
+    def forbid(
+        self, verb: str, resource: str, *, name: str | None = None, times: int | None = None
+    ) -> None:
+        """Answer ``verb`` on ``resource`` (plural, e.g. ``secrets``) with 403, like RBAC."""
+        self._faults.append(
+            _Fault(verb, resource, 403, "Forbidden", "", name=name, remaining=times)
+        )
+
+    def fail_next(
+        self,
+        verb: str,
+        resource: str,
+        *,
+        status: int = 409,
+        reason: str = "Conflict",
+        message: str = "the object has been modified; please apply your changes to the "
+        "latest version and try again",
+        times: int = 1,
+    ) -> None:
+        """Make the next ``times`` ``verb`` requests on ``resource`` fail with ``status``."""
+        self._faults.append(_Fault(verb, resource, status, reason, message, remaining=times))
+
+    def compact(self) -> None:
+        """Forget watch history, so watches from an old resourceVersion get 410 Gone."""
+        for key, events in self._events.items():
+            if events:
+                self._compacted_below[key] = events[-1].rv + 1
+            events.clear()
+
+    def writes(self) -> list[RecordedRequest]:
+        """Recorded requests that change state (create, update, patch, delete)."""
+        return [r for r in self.requests if r.verb in ("create", "update", "patch", "delete")]
+
+    def verbs_used(self) -> set[tuple[str, str, str]]:
+        """``(group, resource[/subresource], verb)`` for every recorded request."""
+        return {
+            (r.group, r.resource + (f"/{r.subresource}" if r.subresource else ""), r.verb)
+            for r in self.requests
+        }
+
+    # ------------------------------------------------------------ the app
+    def app(self) -> web.Application:
+        app = web.Application()
+        core = "/api/v1"
+        grp = "/apis/{group}/{version}"
+        for prefix in (core, grp):
+            app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}", self._handle)
+            app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}", self._handle)
+            app.router.add_route(
+                "*", prefix + "/namespaces/{ns}/{plural}/{name}/{sub}", self._handle
+            )
+            app.router.add_route("*", prefix + "/{plural}", self._handle)
+            app.router.add_route("*", prefix + "/{plural}/{name}", self._handle)
+            app.router.add_route("*", prefix + "/{plural}/{name}/{sub}", self._handle)
+        return app
+
+    # ----------------------------------------------------------- handling
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        m = request.match_info
+        group = m.get("group", "")
+        version = m.get("version", "v1")
+        plural = m["plural"]
+        ns = m.get("ns")
+        name = m.get("name")
+        sub = m.get("sub")
+        # /api/v1/namespaces/{name} is the namespace object itself, not a collection
+        namespaced_plurals = {r.plural for r in self.resources if r.namespaced}
+        if ns is not None and plural not in namespaced_plurals and group == "" and name is None:
+            plural, name, ns, sub = "namespaces", ns, None, m["plural"]
+        rtype = self._type(group, version, plural)
+        query = dict(request.query)
+        body: Any = None
+        if request.can_read_body:
+            raw = await request.read()
+            try:
+                body = json.loads(raw) if raw else None
+            except json.JSONDecodeError:
+                return self._status(400, "BadRequest", f"invalid JSON body: {raw[:80]!r}")
+        verb = self._verb(request.method, name, query)
+        resp = await self._dispatch(
+            request, rtype, verb=verb, ns=ns, name=name, sub=sub, query=query, body=body
+        )
+        self.requests.append(
+            RecordedRequest(
+                verb=verb,
+                method=request.method,
+                path=request.path,
+                group=group,
+                resource=plural,
+                subresource=sub,
+                namespace=ns,
+                name=name,
+                query=query,
+                content_type=request.content_type,
+                body=body,
+                status=resp.status,
+            )
+        )
+        return resp
+
+    async def _dispatch(
+        self,
+        request: web.Request,
+        rtype: ResourceType | None,
+        *,
+        verb: str,
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        query: dict[str, str],
+        body: Any,
+    ) -> web.StreamResponse:
+        if rtype is None:
+            return self._status(404, "NotFound", "the server could not find the requested resource")
+        fault = self._take_fault(verb, rtype.plural, name)
+        if fault is not None:
+            if fault.status == 403:
+                return self._forbidden(verb, rtype, ns, name)
+            return self._status(fault.status, fault.reason, fault.message)
+        key_ns = (ns or "") if rtype.namespaced else ""
+        store = self._store[(rtype.group, rtype.plural)]
+        if verb == "watch":
+            return await self._watch(request, rtype, ns, query)
+        if verb == "list":
+            items = [
+                copy.deepcopy(o)
+                for (ons, _), o in sorted(store.items())
+                if (ns is None or ons == ns) and _selected(o, query)
+            ]
+            return web.json_response(
+                {
+                    "kind": f"{rtype.kind}List",
+                    "apiVersion": rtype.api_version,
+                    "metadata": {"resourceVersion": str(self._current_rv())},
+                    "items": items,
+                }
+            )
+        if verb == "create":
+            if not isinstance(body, dict):
+                return self._status(400, "BadRequest", "request body must be an object")
+            meta = body.setdefault("metadata", {})
+            if not meta.get("name"):
+                if not meta.get("generateName"):
+                    return self._invalid(
+                        rtype, "", "metadata.name: Required value: name or generateName is required"
+                    )
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            if rtype.namespaced:
+                meta["namespace"] = ns or meta.get("namespace", "default")
+            key = (key_ns, meta["name"])
+            if key in store:
+                return self._status(
+                    409,
+                    "AlreadyExists",
+                    f'{rtype.plural}{self._group_suffix(rtype)} "{meta["name"]}" already exists',
+                )
+            body.setdefault("apiVersion", rtype.api_version)
+            body.setdefault("kind", rtype.kind)
+            stored = self._stamp(body, rtype, new=True)
+            if query.get("dryRun") != "All":
+                store[key] = stored
+                self._record_event(rtype, "ADDED", stored)
+            return web.json_response(copy.deepcopy(stored), status=201)
+        assert name is not None
+        key = (key_ns, name)
+        current = store.get(key)
+        if current is None:
+            return self._not_found(rtype, name)
+        if verb == "get":
+            return web.json_response(copy.deepcopy(current))
+        if verb == "delete":
+            del store[key]
+            current["metadata"]["resourceVersion"] = str(next(self._rv))
+            self._record_event(rtype, "DELETED", current)
+            return web.json_response(copy.deepcopy(current))
+        if verb == "update":
+            if not isinstance(body, dict):
+                return self._status(400, "BadRequest", "request body must be an object")
+            sent_rv = body.get("metadata", {}).get("resourceVersion")
+            if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
+                return self._conflict(rtype, name)
+            new = body
+            if sub == "status":
+                new = copy.deepcopy(current)
+                new["status"] = body.get("status", {})
+        elif verb == "patch":
+            try:
+                new = _apply_patch(current, body, request.content_type)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+                return self._status(422, "Invalid", f"the server rejected our request: {exc}")
+            except ValueError as exc:
+                return self._status(415, "UnsupportedMediaType", str(exc))
+            sent_rv = (
+                (body or {}).get("metadata", {}).get("resourceVersion")
+                if isinstance(body, dict)
+                else None
+            )
+            if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
+                return self._conflict(rtype, name)
+        else:
+            return self._status(405, "MethodNotAllowed", f"{verb} is not supported here")
+        meta = new.setdefault("metadata", {})
+        for immutable in ("name", "namespace", "uid", "creationTimestamp"):
+            if immutable in current["metadata"]:
+                meta[immutable] = current["metadata"][immutable]
+        new.setdefault("apiVersion", rtype.api_version)
+        new.setdefault("kind", rtype.kind)
+        if new == current:
+            return web.json_response(copy.deepcopy(current))  # no-op write keeps its RV
+        stored = self._stamp(new, rtype, new=False)
+        if query.get("dryRun") != "All":
+            store[key] = stored
+            self._record_event(rtype, "MODIFIED", stored)
+        return web.json_response(copy.deepcopy(stored))
+
+    async def _watch(
+        self, request: web.Request, rtype: ResourceType, ns: str | None, query: dict[str, str]
+    ) -> web.StreamResponse:
+        key = (rtype.group, rtype.plural)
+        rv_param = query.get("resourceVersion", "")
+        timeout_s = float(query.get("timeoutSeconds", "3600"))
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+
+        async def send(ev_type: str, obj: Obj) -> None:
+            line = json.dumps({"type": ev_type, "object": obj}) + "\n"
+            await resp.write(line.encode())
+
+        if rv_param and rv_param != "0":
+            since = int(rv_param)
+            if since < self._compacted_below.get(key, 0) - 1:
+                await send(
+                    "ERROR",
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "message": f"too old resource version: {since}",
+                        "reason": "Expired",
+                        "code": 410,
+                    },
+                )
+                return resp
+        else:
+            for (ons, _), obj in sorted(self._store[key].items()):
+                if (ns is None or ons == ns) and _selected(obj, query):
+                    await send("ADDED", copy.deepcopy(obj))
+            since = self._current_rv()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            while True:
+                for ev in [e for e in self._events[key] if e.rv > since]:
+                    since = ev.rv
+                    ons = ev.obj["metadata"].get("namespace", "")
+                    if (ns is None or ons == ns) and _selected(ev.obj, query):
+                        await send(ev.type, copy.deepcopy(ev.obj))
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                # wait_for checks the predicate under the lock before sleeping, so an
+                # event recorded while we were writing is never a lost wake-up.
+                async with self._changed:
+                    try:
+                        await asyncio.wait_for(
+                            self._changed.wait_for(partial(self._newer_than, key, since)),
+                            timeout=remaining,
+                        )
+                    except TimeoutError:
+                        break
+        except (ConnectionResetError, asyncio.CancelledError):
+            # A client that goes away ends its watch; that is normal, not an error.
+            return resp
+        await resp.write_eof()
+        return resp
+
+    # ---------------------------------------------------------- internals
+    @staticmethod
+    def _verb(method: str, name: str | None, query: dict[str, str]) -> str:
+        if method == "GET":
+            if query.get("watch") in ("true", "1", "True"):
+                return "watch"
+            return "get" if name else "list"
+        return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+            method, method.lower()
+        )
+
+    def _type(self, group: str, version: str, plural: str) -> ResourceType | None:
+        for r in self.resources:
+            if (r.group, r.version, r.plural) == (group, version, plural):
+                return r
+        return None
+
+    def _type_for_kind(self, api_version: str, kind: str) -> ResourceType:
+        group, _, version = api_version.rpartition("/")
+        for r in self.resources:
+            if (r.group, r.version, r.kind) == (group, version, kind):
+                return r
+        raise KeyError(f"fake API does not serve {api_version} {kind}")
+
+    def _current_rv(self) -> int:
+        """A fresh resourceVersion: newer than every stored object, as a list returns."""
+        return next(self._rv)
+
+    def _newer_than(self, key: tuple[str, str], rv: int) -> bool:
+        return self._latest_rv(key) > rv
+
+    def _latest_rv(self, key: tuple[str, str]) -> int:
+        events = self._events[key]
+        return events[-1].rv if events else self._compacted_below.get(key, 1) - 1
+
+    def _stamp(self, obj: Obj, rtype: ResourceType, *, new: bool) -> Obj:
+        meta = obj.setdefault("metadata", {})
+        if new:
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault(
+                "creationTimestamp", dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            )
+        meta["resourceVersion"] = str(next(self._rv))
+        obj.setdefault("apiVersion", rtype.api_version)
+        obj.setdefault("kind", rtype.kind)
+        return obj
+
+    def _record_event(self, rtype: ResourceType, ev_type: str, obj: Obj) -> None:
+        rv = int(obj["metadata"]["resourceVersion"])
+        self._events[(rtype.group, rtype.plural)].append(
+            _WatchEvent(rv, ev_type, copy.deepcopy(obj))
+        )
+
+        async def notify() -> None:
+            async with self._changed:
+                self._changed.notify_all()
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        loop.create_task(notify())  # noqa: RUF006 - fire and forget wake-up
+
+    def _take_fault(self, verb: str, resource: str, name: str | None) -> _Fault | None:
+        for fault in self._faults:
+            if (
+                fault.verb == verb
+                and fault.resource == resource
+                and (fault.name is None or fault.name == name)
+            ):
+                if fault.remaining is not None:
+                    fault.remaining -= 1
+                    if fault.remaining <= 0:
+                        self._faults.remove(fault)
+                return fault
+        return None
+
+    @staticmethod
+    def _group_suffix(rtype: ResourceType) -> str:
+        return f".{rtype.group}" if rtype.group else ""
+
+    @staticmethod
+    def _status(code: int, reason: str, message: str, details: Obj | None = None) -> web.Response:
+        body: Obj = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        }
+        if details:
+            body["details"] = details
+        return web.json_response(body, status=code)
+
+    def _not_found(self, rtype: ResourceType, name: str) -> web.Response:
+        return self._status(
+            404,
+            "NotFound",
+            f'{rtype.plural}{self._group_suffix(rtype)} "{name}" not found',
+            {"name": name, "group": rtype.group, "kind": rtype.plural},
+        )
+
+    def _conflict(self, rtype: ResourceType, name: str) -> web.Response:
+        return self._status(
+            409,
+            "Conflict",
+            f"Operation cannot be fulfilled on {rtype.plural}{self._group_suffix(rtype)} "
+            f'"{name}": the object has been modified; please apply your changes to the '
+            "latest version and try again",
+            {"name": name, "group": rtype.group, "kind": rtype.plural},
+        )
+
+    def _invalid(self, rtype: ResourceType, name: str, message: str) -> web.Response:
+        return self._status(
+            422,
+            "Invalid",
+            f'{rtype.kind} "{name}" is invalid: {message}',
+            {"name": name, "group": rtype.group, "kind": rtype.kind},
+        )
+
+    def _forbidden(
+        self, verb: str, rtype: ResourceType, ns: str | None, name: str | None
+    ) -> web.Response:
+        what = f"{rtype.plural}{self._group_suffix(rtype)}"
+        subject = f'{what} "{name}"' if name else what
+        where = f' in the namespace "{ns}"' if ns else " at the cluster scope"
+        return self._status(
+            403,
+            "Forbidden",
+            f'{subject} is forbidden: User "{self.user}" cannot {verb} resource '
+            f'"{rtype.plural}" in API group "{rtype.group}"{where}',
+            {"name": name or "", "group": rtype.group, "kind": rtype.plural},
+        )
+
+
+# --------------------------------------------------------------- selectors
+def _field_value(obj: Obj, path: str) -> str:
+    node: Any = obj
+    for part in path.split("."):
+        if not isinstance(node, dict):
+            return ""
+        node = node.get(part)
+    return "" if node is None else str(node)
+
+
+def _selected(obj: Obj, query: dict[str, str]) -> bool:
+    for term in filter(None, query.get("fieldSelector", "").split(",")):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if _field_value(obj, k) == v:
+                return False
+        else:
+            k, v = term.split("==", 1) if "==" in term else term.split("=", 1)
+            if _field_value(obj, k) != v:
+                return False
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, query.get("labelSelector", "").split(",")):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k) == v:
+                return False
+        elif "=" in term:
+            k, v = term.split("==", 1) if "==" in term else term.split("=", 1)
+            if labels.get(k) != v:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+# ------------------------------------------------------------------ patches
+def _apply_patch(current: Obj, body: Any, content_type: str) -> Obj:
+    if content_type == "application/json-patch+json":
+        if not isinstance(body, list):
+            raise jsonpatch.JsonPatchException("a JSON patch must be a list of operations")
+        result: Obj = jsonpatch.apply_patch(current, body)
+        return result
+    if content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+        strategic = content_type.startswith("application/strategic")
+        merged: Obj = _merge(copy.deepcopy(current), body, strategic=strategic)
+        return merged
+    raise ValueError(f"unsupported patch content type {content_type!r}")
+
+
+def _merge(target: Any, patch: Any, *, strategic: bool) -> Any:
+    """RFC 7386 merge; with ``strategic``, lists of named objects merge by ``name``."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if not isinstance(target, dict):
+        target = {}
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif (
+            strategic
+            and isinstance(value, list)
+            and isinstance(target.get(key), list)
+            and _named(value)
+            and _named(target[key])
+        ):
+            merged = {item["name"]: item for item in target[key]}
+            for item in value:
+                merged[item["name"]] = _merge(
+                    copy.deepcopy(merged.get(item["name"], {})), item, strategic=True
+                )
+            target[key] = list(merged.values())
+        else:
+            target[key] = _merge(target.get(key), value, strategic=strategic)
+    return target
+
+
+def _named(items: Iterable[Any]) -> bool:
+    return all(isinstance(i, dict) and "name" in i for i in items)
+
+
+# ------------------------------------------------------------------ serving
+@asynccontextmanager
+async def running_kube_api(
+    api: FakeKubeApi | None = None,
+) -> AsyncIterator[tuple[FakeKubeApi, str]]:
+    """Serve ``api`` on a loopback port; yields ``(api, "http://127.0.0.1:PORT")``."""
+    api = api or FakeKubeApi()
+    runner = web.AppRunner(api.app(), handle_signals=False, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield api, f"http://{host}:{port}"
+    finally:
+        await asyncio.shield(runner.cleanup())
