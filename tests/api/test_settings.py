@@ -1,0 +1,195 @@
+"""Config loading: precedence, env parsing, and error messages an operator can act on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from pydantic import Field
+
+from plugin.api.settings import (
+    ConfigError,
+    StrictModel,
+    deep_merge,
+    env_var_names,
+    load_config,
+    read_config_file,
+)
+
+
+class Tls(StrictModel):
+    cert_file: Path | None = None
+    reload_interval_s: float = Field(default=0.5, gt=0)
+
+
+class Item(StrictModel):
+    key: str
+    effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class Sample(StrictModel):
+    version: Literal["v1"] = "v1"
+    listen: str = "127.0.0.1:8443"
+    units: int = Field(default=100, ge=1, le=1000)
+    names: list[str] = Field(default_factory=lambda: ["a"])
+    enabled: bool | Literal["auto"] = "auto"
+    tls: Tls = Field(default_factory=Tls)
+    items: list[Item] = Field(default_factory=list)
+
+
+PREFIX = "T_"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_when_nothing_given() -> None:
+    assert load_config(Sample) == Sample()
+
+
+def test_precedence_is_flags_over_env_over_file(tmp_path: Path) -> None:
+    file = write(tmp_path, "units: 10\nlisten: file:1\ntls: {reload_interval_s: 3}\n")
+    env = {"T_UNITS": "20", "T_TLS__RELOAD_INTERVAL_S": "4"}
+    cfg = load_config(
+        Sample, file=file, env=env, env_prefix=PREFIX, flags={"units": 30, "listen": None}
+    )
+    assert cfg.units == 30  # flag wins
+    assert cfg.listen == "file:1"  # flag was None: not given
+    assert cfg.tls.reload_interval_s == 4  # env beats file, nested by "__"
+
+
+def test_env_lists_accept_commas_and_yaml_flow() -> None:
+    cfg = load_config(Sample, env={"T_NAMES": "x, y,,z"}, env_prefix=PREFIX)
+    assert cfg.names == ["x", "y", "z"]
+    cfg = load_config(
+        Sample, env={"T_ITEMS": "[{key: a}, {key: b, effect: NoExecute}]"}, env_prefix=PREFIX
+    )
+    assert [i.key for i in cfg.items] == ["a", "b"]
+
+
+def test_unknown_prefixed_env_vars_are_ignored() -> None:
+    # Kubernetes service links: a Service named "t" would inject T_SERVICE_HOST, T_PORT...
+    cfg = load_config(
+        Sample, env={"T_SERVICE_HOST": "10.0.0.1", "T_PORT": "tcp://x"}, env_prefix=PREFIX
+    )
+    assert cfg == Sample()
+
+
+def test_nested_file_sections_merge_with_env(tmp_path: Path) -> None:
+    file = write(tmp_path, "tls: {cert_file: /etc/tls.crt}\n")
+    cfg = load_config(Sample, file=file, env={"T_TLS__RELOAD_INTERVAL_S": "2"}, env_prefix=PREFIX)
+    assert cfg.tls == Tls(cert_file=Path("/etc/tls.crt"), reload_interval_s=2)
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "flags", "expected"),
+    [
+        pytest.param(
+            "units: 0\n",
+            {},
+            {},
+            ["units:", "greater than or equal to 1", "got 0", "from file"],
+            id="range-from-file",
+        ),
+        pytest.param(
+            "",
+            {"T_UNITS": "many"},
+            {},
+            ["units:", "valid integer", "'many'", "env T_UNITS"],
+            id="type-from-env",
+        ),
+        pytest.param(
+            "", {}, {"units": 5000}, ["units:", "1000", "flag for units"], id="range-from-flag"
+        ),
+        pytest.param(
+            "unitz: 5\n",
+            {},
+            {},
+            ["unitz: unknown setting", "accepted here:", "units"],
+            id="typo-lists-accepted-keys",
+        ),
+        pytest.param(
+            "tls: {cert: x}\n",
+            {},
+            {},
+            ["tls.cert: unknown setting", "cert_file"],
+            id="nested-typo",
+        ),
+        pytest.param(
+            "items: [{key: a, efect: x}]\n",
+            {},
+            {},
+            ["items.0.efect", "accepted here:", "effect"],
+            id="typo-inside-list-item",
+        ),
+        pytest.param(
+            "version: v2\n", {}, {}, ["version:", "'v1'", "got 'v2'"], id="unknown-version"
+        ),
+    ],
+)
+def test_errors_name_field_value_and_source(
+    tmp_path: Path, text: str, env: dict[str, str], flags: dict[str, object], expected: list[str]
+) -> None:
+    file = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(Sample, file=file, env=env, env_prefix=PREFIX, flags=flags)
+    message = str(info.value)
+    for fragment in expected:
+        assert fragment in message, message
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(None, "no such file", id="missing"),
+        pytest.param("a: [1, 2\n", "invalid YAML at line", id="bad-yaml"),
+        pytest.param("- 1\n- 2\n", "must be a YAML mapping", id="not-a-mapping"),
+        pytest.param(b"\xff\xfe", "cannot read", id="not-utf8"),
+    ],
+)
+def test_bad_files_are_clear(tmp_path: Path, content: str | bytes | None, expected: str) -> None:
+    path = tmp_path / "c.yaml"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=expected):
+        read_config_file(path)
+
+
+def test_oversized_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("x: " + "a" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match="larger than"):
+        read_config_file(path)
+
+
+def test_empty_file_means_defaults(tmp_path: Path) -> None:
+    assert load_config(Sample, file=write(tmp_path, "")) == Sample()
+
+
+def test_bad_env_flow_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="env T_ITEMS"):
+        load_config(Sample, env={"T_ITEMS": "[{key: a"}, env_prefix=PREFIX)
+
+
+def test_env_var_names_cover_nested_fields() -> None:
+    names = env_var_names(Sample, PREFIX)
+    assert names["T_TLS__CERT_FILE"] == ("tls", "cert_file")
+    assert "T_UNITS" in names
+
+
+def test_deep_merge_merges_mappings_and_replaces_the_rest() -> None:
+    into = {"a": {"b": 1, "c": [1]}, "d": 1}
+    deep_merge(into, {"a": {"c": [2], "e": 3}, "d": {"x": 1}})
+    assert into == {"a": {"b": 1, "c": [2], "e": 3}, "d": {"x": 1}}
+
+
+def test_models_are_frozen() -> None:
+    cfg = Sample()
+    with pytest.raises(ValueError, match="frozen"):
+        cfg.units = 3  # type: ignore[misc]
