@@ -6,21 +6,35 @@ are interchangeable for ``metagpu webhook --tls-cert/--tls-key``.
 
 Writes are atomic (temp file, fsync, rename) so a webhook polling the same
 directory never reads half a certificate, and the key is created 0600.
+
+:func:`ensure_bundle_dir` is ``metagpu certs generate``: it keeps ``ca.key``
+next to the bundle so the CA is reused by later runs, and rewrites only what
+:func:`certs.bootstrap.decide_bundle` says must change.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from certs.bootstrap import (
+    BUNDLE_KEYS,
+    CA_KEY_KEY,
+    BootstrapError,
+    BundleDecision,
+    IssuePolicy,
+    decide_bundle,
+    render_bundle,
+)
 from certs.issue import (
     DEFAULT_CA_VALIDITY,
     DEFAULT_LEAF_VALIDITY,
     CertPair,
     KeyAlgorithm,
+    PrivateKey,
     issue_ca,
     issue_serving_cert,
     new_private_key,
@@ -29,6 +43,10 @@ from certs.issue import (
 CA_CERT_NAME = "ca.crt"
 CERT_NAME = "tls.crt"
 KEY_NAME = "tls.key"
+CA_KEY_NAME = CA_KEY_KEY
+PRIVATE_NAMES = frozenset({KEY_NAME, CA_KEY_NAME})
+"""Files written 0600: they hold private keys."""
+MAX_BUNDLE_FILE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -42,6 +60,11 @@ class BundlePaths:
     @classmethod
     def in_dir(cls, directory: Path) -> BundlePaths:
         return cls(directory / CA_CERT_NAME, directory / CERT_NAME, directory / KEY_NAME)
+
+    @property
+    def ca_key_file(self) -> Path:
+        """Where :func:`ensure_bundle_dir` keeps the CA key (never mounted into a pod)."""
+        return self.ca_file.with_name(CA_KEY_NAME)
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
@@ -95,3 +118,66 @@ def generate_bundle(
         validity=leaf_validity,
     )
     return write_bundle(directory, ca_cert_pem=ca.cert_pem, leaf=leaf)
+
+
+@dataclass(frozen=True)
+class DirResult:
+    """What :func:`ensure_bundle_dir` found and did."""
+
+    paths: BundlePaths
+    decision: BundleDecision
+    written: tuple[Path, ...]
+    """Files rewritten, in write order; empty when nothing was due."""
+
+
+def read_bundle_dir(directory: Path) -> dict[str, bytes]:
+    """The bundle files present in ``directory`` (missing ones are left out)."""
+    data: dict[str, bytes] = {}
+    for name in BUNDLE_KEYS:
+        path = directory / name
+        try:
+            if path.stat().st_size > MAX_BUNDLE_FILE_BYTES:
+                raise BootstrapError(
+                    f"{path} is larger than {MAX_BUNDLE_FILE_BYTES} bytes; not a certificate or key"
+                )
+            data[name] = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise BootstrapError(f"cannot read {path}: {exc}") from exc
+    return data
+
+
+def ensure_bundle_dir(
+    directory: Path,
+    *,
+    policy: IssuePolicy,
+    now: dt.datetime,
+    force_leaf: bool = False,
+    new_ca: bool = False,
+    dry_run: bool = False,
+    new_key: Callable[[KeyAlgorithm], PrivateKey] = new_private_key,
+) -> DirResult:
+    """Create or refresh ``ca.crt``, ``ca.key``, ``tls.crt``, ``tls.key`` in ``directory``.
+
+    Running it again with the same arguments writes nothing. Keys are written
+    before their certificates, so a poller that sees a new certificate finds
+    its key; ``ca.key`` and ``tls.key`` are 0600.
+    """
+    current = read_bundle_dir(directory) if directory.exists() else {}
+    decision = decide_bundle(current, policy=policy, now=now, force_leaf=force_leaf, new_ca=new_ca)
+    paths = BundlePaths.in_dir(directory)
+    if not decision.changes or dry_run:
+        return DirResult(paths, decision, ())
+    new = render_bundle(current, decision, policy=policy, now=now, new_key=new_key)
+    written: list[Path] = []
+    for name in (CA_KEY_NAME, CA_CERT_NAME, KEY_NAME, CERT_NAME):
+        if current.get(name) == new[name]:
+            continue
+        path = directory / name
+        try:
+            write_atomic(path, new[name], mode=0o600 if name in PRIVATE_NAMES else 0o644)
+        except OSError as exc:
+            raise BootstrapError(f"cannot write {path}: {exc}") from exc
+        written.append(path)
+    return DirResult(paths, decision, tuple(written))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -34,6 +35,7 @@ KEY_ALGORITHMS: tuple[KeyAlgorithm, ...] = (
     "rsa-4096",
 )
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+PublicKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey
 
 DEFAULT_CA_VALIDITY = dt.timedelta(days=3650)
 """Ten years: the CA is the caBundle; changing it means re-patching every
@@ -76,10 +78,19 @@ class CertInfo:
     is_ca: bool
     server_auth: bool
     fingerprint_sha256: str
+    key_algorithm: str = ""
+    """``ecdsa-p256``, ``rsa-2048``, ... (see :func:`key_algorithm_of`); empty if unknown."""
 
     @property
     def lifetime(self) -> dt.timedelta:
         return self.not_after - self.not_before
+
+    def renew_at(self, fraction: float = DEFAULT_RENEW_FRACTION) -> dt.datetime:
+        """The last instant at which :func:`should_renew` still says "keep".
+
+        One microsecond later less than ``fraction`` of the lifetime is left.
+        """
+        return self.not_after - self.lifetime * fraction
 
     def remaining(self, now: dt.datetime) -> dt.timedelta:
         """Time left at ``now`` (negative once expired)."""
@@ -118,6 +129,61 @@ def load_private_key(pem: bytes) -> PrivateKey:
     return key
 
 
+def key_algorithm_of(key: PrivateKey | PublicKey) -> str:
+    """Name a key the way ``--key-algorithm`` does (``ecdsa-p256``, ``rsa-2048``, ...).
+
+    Keys we would not issue still get a descriptive name (``ecdsa-secp521r1``,
+    ``rsa-1024``) so an inspection can show them.
+    """
+    if isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey):
+        return {"secp256r1": "ecdsa-p256", "secp384r1": "ecdsa-p384"}.get(
+            key.curve.name, f"ecdsa-{key.curve.name}"
+        )
+    return f"rsa-{key.key_size}"
+
+
+# ------------------------------------------------------------------- names
+DNS_NAME_MAX_LEN = 253
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def normalize_dns_name(name: str) -> str:
+    """A SAN-ready DNS name: lower-cased and checked, or :class:`CertError` saying why.
+
+    Accepts RFC 1123 host names and one leading ``*.`` wildcard label. Names
+    are lower-cased because DNS (and every TLS client's name check) is
+    case-insensitive, so ``Foo.Example.com`` and ``foo.example.com`` are one SAN.
+    """
+    value = name.strip().lower()
+    if not value:
+        raise CertError(f"DNS name must not be empty: {name!r}")
+    if not value.isascii():
+        raise CertError(f"DNS name must be ASCII; write internationalised names as xn--: {name!r}")
+    value = value.removesuffix(".")
+    if len(value) > DNS_NAME_MAX_LEN:
+        raise CertError(f"DNS name must be at most {DNS_NAME_MAX_LEN} characters: {name!r}")
+    labels = value.split(".")
+    if labels[0] == "*":
+        labels = labels[1:]
+        if not labels:
+            raise CertError(f"a wildcard DNS name needs a domain after '*.': {name!r}")
+    for label in labels:
+        if not _DNS_LABEL.match(label):
+            raise CertError(
+                "DNS name labels must be 1-63 letters, digits or '-', starting and ending "
+                f"with a letter or digit (a leading '*.' is allowed): {name!r}"
+            )
+    return value
+
+
+def normalize_ip_address(ip: str) -> str:
+    """The canonical text of an IPv4/IPv6 address, or :class:`CertError`."""
+    try:
+        return str(ipaddress.ip_address(ip.strip()))
+    except ValueError as exc:
+        raise CertError(f"not an IP address: {ip!r}") from exc
+
+
 # ------------------------------------------------------------------- issuing
 def service_dns_names(
     service: str, namespace: str, *, cluster_domain: str = "cluster.local"
@@ -138,8 +204,15 @@ def issue_ca(
     common_name: str = "metagpu-webhook-ca",
     validity: dt.timedelta = DEFAULT_CA_VALIDITY,
 ) -> CertPair:
-    """A self-signed CA that may sign leaf certificates and nothing below them."""
+    """A self-signed CA that may sign leaf certificates and nothing below them.
+
+    Passing the key of an existing CA (and its common name) renews that CA:
+    certificates it signed before still verify against the new CA
+    certificate, because the subject and the key are the same.
+    """
     _check_aware(now)
+    if validity <= dt.timedelta(0):
+        raise CertError(f"CA validity must be positive: {validity}")
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     builder = (
@@ -170,20 +243,27 @@ def issue_serving_cert(
 ) -> CertPair:
     """A TLS server certificate for ``dns_names``/``ip_addresses``, signed by ``ca``.
 
-    The leaf never outlives its CA: its notAfter is capped at the CA's.
+    The leaf never outlives its CA: its notAfter is capped at the CA's. DNS
+    names are lower-cased and IP addresses canonicalised (see
+    :func:`normalize_dns_name`), then de-duplicated in order.
     """
     _check_aware(now)
-    if not dns_names and not ip_addresses:
+    dns = _dedupe(normalize_dns_name(n) for n in dns_names)
+    ips = _dedupe(normalize_ip_address(ip) for ip in ip_addresses)
+    if not dns and not ips:
         raise CertError("a serving certificate needs at least one DNS name or IP address")
+    if validity <= dt.timedelta(0):
+        raise CertError(f"validity must be positive: {validity}")
     ca_cert = _load_cert(ca.cert_pem)
     ca_key = load_private_key(ca.key_pem)
-    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in _dedupe(dns_names)]
-    for ip in _dedupe(ip_addresses):
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(ip)))
-        except ValueError as exc:
-            raise CertError(f"not an IP address: {ip!r}") from exc
-    cn = common_name or (dns_names[0] if dns_names else ip_addresses[0])
+    if not now < ca_cert.not_valid_after_utc:
+        raise CertError(
+            f"the CA expired at {ca_cert.not_valid_after_utc.isoformat()}; "
+            "it cannot sign a new certificate"
+        )
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    cn = common_name or (dns[0] if dns else ips[0])
     not_after = min(now + validity, ca_cert.not_valid_after_utc)
     builder = (
         x509.CertificateBuilder()
@@ -235,7 +315,20 @@ def inspect_cert(pem: bytes) -> CertInfo:
         is_ca=is_ca,
         server_auth=server_auth,
         fingerprint_sha256=cert.fingerprint(hashes.SHA256()).hex(),
+        key_algorithm=_public_key_algorithm(cert),
     )
+
+
+def inspect_certs(pem: bytes) -> tuple[CertInfo, ...]:
+    """Every certificate in a PEM bundle (a ``ca.crt`` or a served chain), in order."""
+    return tuple(inspect_cert(c.public_bytes(serialization.Encoding.PEM)) for c in _load_certs(pem))
+
+
+def common_name_of(pem: bytes) -> str | None:
+    """The subject CN of the first certificate in ``pem``, if it has one."""
+    attrs = _load_cert(pem).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    value = attrs[0].value if attrs else None
+    return value if isinstance(value, str) else None
 
 
 def should_renew(
@@ -252,35 +345,44 @@ def should_renew(
 
 
 def verify_chain(leaf_pem: bytes, ca_pem: bytes, *, now: dt.datetime) -> None:
-    """Raise :class:`CertError` unless ``ca`` signed ``leaf`` and both are valid at ``now``."""
+    """Raise :class:`CertError` unless a CA in ``ca_pem`` signed ``leaf`` and both are valid.
+
+    ``ca_pem`` may hold one CA or a bundle (as a ``caBundle`` may); the leaf
+    must be signed by one of them. Only the first certificate of ``leaf_pem``
+    is checked.
+    """
     _check_aware(now)
-    leaf, ca = _load_cert(leaf_pem), _load_cert(ca_pem)
-    for what, cert in (("certificate", leaf), ("CA certificate", ca)):
-        if now < cert.not_valid_before_utc:
-            raise CertError(f"{what} is not valid before {cert.not_valid_before_utc.isoformat()}")
-        if now > cert.not_valid_after_utc:
-            raise CertError(f"{what} expired at {cert.not_valid_after_utc.isoformat()}")
-    if leaf.issuer != ca.subject:
-        raise CertError(
-            f"certificate issuer {leaf.issuer.rfc4514_string()!r} is not the CA "
-            f"{ca.subject.rfc4514_string()!r}"
-        )
-    public = ca.public_key()
+    leaf = _load_cert(leaf_pem)
+    cas = _load_certs(ca_pem)
+    _check_validity("certificate", leaf, now)
+    errors: list[str] = []
+    for ca in cas:
+        try:
+            _check_signed_by(leaf, ca)
+            _check_validity("CA certificate", ca, now)
+        except CertError as exc:
+            errors.append(str(exc))
+            continue
+        return
+    if len(errors) == 1:
+        raise CertError(errors[0])
+    raise CertError(
+        f"certificate was not signed by any of the {len(cas)} CA certificates in the bundle: "
+        + "; ".join(errors)
+    )
+
+
+def signed_by(leaf_pem: bytes, ca_pem: bytes) -> bool:
+    """True when the first CA certificate in ``ca_pem`` issued ``leaf`` (names and signature).
+
+    Unlike :func:`verify_chain` this ignores validity periods: it answers
+    "would this chain once the CA is renewed with the same key and subject?".
+    """
     try:
-        if isinstance(public, ec.EllipticCurvePublicKey):
-            hash_alg = leaf.signature_hash_algorithm
-            if hash_alg is None:
-                raise CertError("certificate has no signature hash algorithm")
-            public.verify(leaf.signature, leaf.tbs_certificate_bytes, ec.ECDSA(hash_alg))
-        elif isinstance(public, rsa.RSAPublicKey):
-            hash_alg = leaf.signature_hash_algorithm
-            if hash_alg is None:
-                raise CertError("certificate has no signature hash algorithm")
-            public.verify(leaf.signature, leaf.tbs_certificate_bytes, padding.PKCS1v15(), hash_alg)
-        else:
-            raise CertError(f"unsupported CA key type {type(public).__name__}")
-    except InvalidSignature as exc:
-        raise CertError("certificate was not signed by this CA") from exc
+        _check_signed_by(_load_cert(leaf_pem), _load_cert(ca_pem))
+    except CertError:
+        return False
+    return True
 
 
 def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
@@ -298,6 +400,54 @@ def _load_cert(pem: bytes) -> x509.Certificate:
         return x509.load_pem_x509_certificate(pem)
     except ValueError as exc:
         raise CertError(f"not a PEM certificate: {exc}") from exc
+
+
+def _load_certs(pem: bytes) -> list[x509.Certificate]:
+    try:
+        certs = x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        raise CertError(f"not a PEM certificate bundle: {exc}") from exc
+    if not certs:
+        raise CertError("no PEM certificate found")
+    return certs
+
+
+def _check_validity(what: str, cert: x509.Certificate, now: dt.datetime) -> None:
+    if now < cert.not_valid_before_utc:
+        raise CertError(f"{what} is not valid before {cert.not_valid_before_utc.isoformat()}")
+    if now > cert.not_valid_after_utc:
+        raise CertError(f"{what} expired at {cert.not_valid_after_utc.isoformat()}")
+
+
+def _check_signed_by(leaf: x509.Certificate, ca: x509.Certificate) -> None:
+    if leaf.issuer != ca.subject:
+        raise CertError(
+            f"certificate issuer {leaf.issuer.rfc4514_string()!r} is not the CA "
+            f"{ca.subject.rfc4514_string()!r}"
+        )
+    public = ca.public_key()
+    hash_alg = leaf.signature_hash_algorithm
+    if hash_alg is None:
+        raise CertError("certificate has no signature hash algorithm")
+    try:
+        if isinstance(public, ec.EllipticCurvePublicKey):
+            public.verify(leaf.signature, leaf.tbs_certificate_bytes, ec.ECDSA(hash_alg))
+        elif isinstance(public, rsa.RSAPublicKey):
+            public.verify(leaf.signature, leaf.tbs_certificate_bytes, padding.PKCS1v15(), hash_alg)
+        else:
+            raise CertError(f"unsupported CA key type {type(public).__name__}")
+    except InvalidSignature as exc:
+        raise CertError(
+            f"certificate was not signed by the CA {ca.subject.rfc4514_string()!r} "
+            f"(serial {ca.serial_number:x}): the signature does not verify with its key"
+        ) from exc
+
+
+def _public_key_algorithm(cert: x509.Certificate) -> str:
+    public = cert.public_key()
+    if isinstance(public, ec.EllipticCurvePublicKey | rsa.RSAPublicKey):
+        return key_algorithm_of(public)
+    return type(public).__name__.lower()
 
 
 def _key_usage(*, cert_sign: bool, rsa: bool = False) -> x509.KeyUsage:
