@@ -52,6 +52,10 @@ class GpuProcess:
     """PID in the host PID namespace (the agent runs with ``hostPID``)."""
     used_memory_mib: int
     """GPU memory the process holds, in MiB (0 when the driver can't tell)."""
+    utilization_percent: int | None = None
+    """SM utilisation of this process over the driver's last sample period
+    (NVML ``nvmlDeviceGetProcessUtilization``); None when unsupported or not sampled.
+    The node agent sums it per container."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,10 @@ class GpuUsage:
     """SM utilisation over the driver's last sample period; None if unsupported."""
 
 
-GpuEventKind = Literal["xid", "ecc_double_bit", "gpu_lost"]
+GpuEventKind = Literal["xid", "ecc_double_bit", "gpu_lost", "backend_error"]
+"""``backend_error``: a driver call about this GPU failed while watching it
+(event registration, the event wait itself); NVIDIA marks the GPU unhealthy
+for these too."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ The GPUs come from a YAML file (``--gpus-file``)::
         numa_node: 0
         # optional: index, minor_number, pci_bus_id, mig_enabled,
         # utilization_percent, memory_reserved_mib, fail, xids, processes
-        processes: [{pid: 4242, used_memory_mib: 2048}]
+        processes: [{pid: 4242, used_memory_mib: 2048}]  # + utilization_percent
         xids: []                   # append 79 to simulate "GPU fell off the bus"
 
 The file is re-read when it changes, so a test (or a person trying
@@ -52,6 +52,8 @@ class SimulatedProcess(StrictModel):
 
     pid: int = Field(gt=0)
     used_memory_mib: int = Field(default=0, ge=0)
+    utilization_percent: int | None = Field(default=None, ge=0, le=100)
+    """SM utilisation of this process; None like a driver that cannot sample it."""
 
 
 class SimulatedGpu(StrictModel):
@@ -145,7 +147,11 @@ class SimulatedGpus:
             live_only = self._spec.live_pids_only
             procs = list(gpu.processes)
         return tuple(
-            GpuProcess(pid=p.pid, used_memory_mib=p.used_memory_mib)
+            GpuProcess(
+                pid=p.pid,
+                used_memory_mib=p.used_memory_mib,
+                utilization_percent=p.utilization_percent,
+            )
             for p in procs
             if not live_only or _pid_alive(p.pid)
         )

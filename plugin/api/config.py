@@ -8,6 +8,10 @@ understood (NVIDIA's ``api/config/v1`` rejects unknown versions the same way).
 The device plugin and the agent run as two containers of one DaemonSet pod and
 read the same file, so resource names and units per GPU cannot disagree
 between them.
+
+The field names below are a contract with the Helm chart (``values.yaml``
+renders this file) and with ``docs/device-plugin.md``; rename nothing without
+changing both.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from plugin.api.agent_config import AgentConfig
 from plugin.api.resources import (
@@ -30,6 +34,23 @@ ENV_PREFIX: Final = "METAGPU_PLUGIN_"
 """``METAGPU_PLUGIN_UNITS_PER_GPU``, ``METAGPU_PLUGIN_HEALTH__RECOVERY_S``, ..."""
 
 DEFAULT_DEVICE_PLUGINS_DIR: Final = Path("/var/lib/kubelet/device-plugins")
+"""Where the kubelet serves ``kubelet.sock`` and looks for plugin sockets."""
+
+DEFAULT_IGNORED_XIDS: Final = (13, 31, 43, 45, 68, 109)
+"""XIDs that are the application's fault, not the GPU's (NVIDIA ``health.go``):
+
+* 13 Graphics Engine Exception: an illegal instruction or address in a kernel;
+* 31 GPU memory page fault: the application touched memory it does not own;
+* 43 GPU stopped processing: a kernel was killed (e.g. by a watchdog or ^C);
+* 45 Preemptive cleanup: the driver cleaned up after a process that exited;
+* 68 Video processor exception: a bad stream fed to NVDEC/NVENC;
+* 109 Context switch timeout: a kernel ran too long without yielding.
+
+The next pod on the same GPU does not inherit any of them, so they must not
+take all of a GPU's meta-devices out of service."""
+
+DEFAULT_MPS_PIPE_DIRECTORY: Final = Path("/tmp/nvidia-mps")
+"""The MPS control daemon's default ``CUDA_MPS_PIPE_DIRECTORY``."""
 
 AllocationPolicy = Literal["binpack", "spread"]
 DeviceIdStrategy = Literal["uuid", "index"]
@@ -44,12 +65,93 @@ class ResourceConfig(StrictModel):
 
     gpus: Literal["all"] | list[int | str] = "all"
     """Which GPUs back this resource: ``all``, or a list of indices and/or UUIDs.
-    Lets one node expose e.g. ``cnvrg.io/metagpu`` and ``cnvrg.io/metagpu-a100``."""
+    Lets one node expose e.g. ``cnvrg.io/metagpu`` and ``cnvrg.io/metagpu-a100``.
+    Entries that match no GPU on a node are logged and skipped: one config
+    serves every node of a DaemonSet, and not every node has every GPU."""
 
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
         return str(ResourceName(value))
+
+    @field_validator("gpus")
+    @classmethod
+    def _valid_selectors(cls, value: Literal["all"] | list[int | str]) -> object:
+        if value == "all":
+            return value
+        if not value:
+            raise ValueError("gpus must be 'all' or a non-empty list of indices and/or UUIDs")
+        seen: set[int | str] = set()
+        for item in value:
+            if isinstance(item, int) and item < 0:
+                raise ValueError(f"GPU index must be >= 0: {item}")
+            if isinstance(item, str) and not item.strip():
+                raise ValueError(f"GPU UUID must not be empty: {item!r}")
+            if item in seen:
+                raise ValueError(f"GPU listed twice: {item!r}")
+            seen.add(item)
+        return value
+
+    @property
+    def socket_name(self) -> str:
+        """The plugin's socket file in the device-plugins directory, e.g.
+        ``metagpu-metagpu.sock``; unique per resource (checked by PluginConfig)."""
+        return f"metagpu-{ResourceName(self.name).short_name}.sock"
+
+
+class HealthConfig(StrictModel):
+    """GPU health checking: which errors take a GPU out of service and for how long."""
+
+    enabled: bool = True
+    """Watch NVML for XID and double-bit ECC errors. Off: every GPU is always
+    advertised Healthy (for drivers whose event API misbehaves)."""
+
+    ignored_xids: list[int] = Field(default_factory=lambda: list(DEFAULT_IGNORED_XIDS))
+    """XIDs that never mark a GPU unhealthy; replaces the default list (13, 31,
+    43, 45, 68, 109: application errors, see ``DEFAULT_IGNORED_XIDS``)."""
+
+    recovery_s: float = Field(default=300.0, gt=0)
+    """Seconds a sick GPU must stay free of critical errors (and answer a probe)
+    before its meta-devices are Healthy again. 5 minutes outlasts the burst of
+    repeated XIDs a faulting GPU usually emits. NVIDIA has no recovery at all;
+    set a very large value to get that behaviour."""
+
+    event_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    """Longest single wait for an NVML event. Bounds how long stopping the
+    health thread takes (NVIDIA waits 5000 ms per round too)."""
+
+    @field_validator("ignored_xids")
+    @classmethod
+    def _valid_xids(cls, value: list[int]) -> list[int]:
+        bad = [x for x in value if x <= 0]
+        if bad:
+            raise ValueError(f"XIDs are positive integers: {bad}")
+        return sorted(set(value))
+
+
+class MpsConfig(StrictModel):
+    """CUDA MPS: clients of one MPS daemon per node share GPUs with hard memory limits.
+
+    The plugin does not run the MPS control daemon; it points containers at one
+    (see docs/device-plugin.md, "MPS")."""
+
+    enabled: bool = False
+    """Give containers ``CUDA_MPS_PIPE_DIRECTORY``, the pipe mount and
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` from their share of each GPU."""
+
+    pipe_directory: Path = DEFAULT_MPS_PIPE_DIRECTORY
+    """Host directory of the MPS control daemon's pipes."""
+
+    container_pipe_directory: Path = DEFAULT_MPS_PIPE_DIRECTORY
+    """Where that directory is mounted in the container (and what
+    ``CUDA_MPS_PIPE_DIRECTORY`` says)."""
+
+    @field_validator("pipe_directory", "container_pipe_directory")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError(f"must be an absolute path: {str(value)!r}")
+        return value
 
 
 class PluginConfig(StrictModel):
@@ -64,5 +166,80 @@ class PluginConfig(StrictModel):
     resources: list[ResourceConfig] = Field(default_factory=lambda: [ResourceConfig()])
     """Advertised resources; each GPU may back at most one."""
 
+    allocation_policy: AllocationPolicy = "binpack"
+    """How GetPreferredAllocation places a fraction: ``binpack`` on the fullest
+    GPU that fits (keeps whole GPUs free for big requests), ``spread`` on the
+    emptiest (less contention per GPU)."""
+
+    allow_split_fraction: bool = False
+    """Whether a fractional share spread over two or more GPUs is an expected
+    outcome. The plugin always keeps a fraction on one GPU when any GPU can
+    hold it; when none can, the kubelet allocates a split anyway (failing the
+    request would fail the pod's admission), and this decides whether that is
+    logged as routine (true) or as a fragmentation warning (false)."""
+
+    device_id_strategy: DeviceIdStrategy = "uuid"
+    """How GPUs are named to the container runtime: ``uuid`` (stable across
+    reboots and re-cabling) or ``index`` (NVML index, what older runtimes want)."""
+
+    device_list_strategy: DeviceListStrategy = "envvar"
+    """How the GPU list reaches the NVIDIA container runtime: ``envvar``
+    (``NVIDIA_VISIBLE_DEVICES``) or ``volume-mounts`` (``/dev/null`` mounts under
+    ``/var/run/nvidia-container-devices``, so unprivileged pods cannot pick
+    GPUs with their own env var; needs ``accept-nvidia-visible-devices-as-volume-mounts``)."""
+
+    device_plugins_dir: Path = DEFAULT_DEVICE_PLUGINS_DIR
+    """The kubelet's device-plugins directory (``kubelet.sock`` and plugin sockets)."""
+
+    gpus_file: Path | None = None
+    """Simulated GPUs (YAML) instead of NVML; for ``metagpu dev`` and tests."""
+
+    fail_on_init_error: bool = True
+    """When the GPU driver cannot be initialised: exit with an error (true,
+    visible as a crash-looping pod) or advertise nothing and wait (false, for
+    mixed node pools where the DaemonSet also lands on GPU-less nodes)."""
+
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    """GPU health checking and recovery."""
+
+    mps: MpsConfig = Field(default_factory=MpsConfig)
+    """CUDA MPS settings for containers."""
+
     agent: AgentConfig = Field(default_factory=AgentConfig)
     """Node agent settings (``metagpu agent``)."""
+
+    @model_validator(mode="after")
+    def _resources_disjoint(self) -> PluginConfig:
+        if not self.resources:
+            raise ValueError("resources must name at least one resource")
+        names = [r.name for r in self.resources]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"resource names must be unique; repeated: {', '.join(dup)}")
+        sockets: dict[str, str] = {}
+        for r in self.resources:
+            other = sockets.setdefault(r.socket_name, r.name)
+            if other != r.name:
+                raise ValueError(
+                    f"resources {other} and {r.name} have the same name part, so their "
+                    f"sockets would collide ({r.socket_name}); rename one"
+                )
+        if len(self.resources) > 1:
+            alls = [r.name for r in self.resources if r.gpus == "all"]
+            if alls:
+                raise ValueError(
+                    f"resource {alls[0]} takes gpus: all, so no other resource can have a "
+                    "GPU (a GPU may back at most one resource); list indices or UUIDs instead"
+                )
+            owner: dict[int | str, str] = {}
+            for r in self.resources:
+                if r.gpus == "all":  # excluded above; narrows the type
+                    continue
+                for item in r.gpus:
+                    first = owner.setdefault(item, r.name)
+                    if first != r.name:
+                        raise ValueError(
+                            f"GPU {item!r} is listed under both {first} and {r.name}; "
+                            "a GPU may back at most one resource"
+                        )
+        return self
