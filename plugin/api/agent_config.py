@@ -2,17 +2,46 @@
 
 The agent reads the same file as the device plugin (resource names and units
 must agree), so its settings are one section of
-:class:`plugin.api.config.PluginConfig`.
+:class:`plugin.api.config.PluginConfig`. Env vars follow the plugin's prefix:
+``METAGPU_PLUGIN_AGENT__INTERVAL_S=2``. This module is a contract with the Helm
+chart (``agent.*`` values) and with ``docs/agent.md``: add fields, never rename.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
+from typing import Final, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from plugin.api.resources import CONTAINER_AGENT_DIR
 from plugin.api.settings import StrictModel
+
+MemoryEnforcement = Literal["off", "report", "kill"]
+MEMORY_ENFORCEMENT_MODES: Final = ("off", "report", "kill")
+
+DEFAULT_POD_RESOURCES_SOCKET: Final = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_METRICS_PORT: Final = 9400
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` → ``(host, port)``; raises ValueError saying what is wrong."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"must be HOST:PORT, e.g. 0.0.0.0:{DEFAULT_METRICS_PORT}: {value!r}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be 0-65535: {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError as exc:
+            raise ValueError(f"not an IPv6 address in brackets: {value!r}") from exc
+    elif not host:
+        raise ValueError(f"host is empty; use 0.0.0.0 for every interface: {value!r}")
+    return host, port
 
 
 class AgentConfig(StrictModel):
@@ -22,3 +51,60 @@ class AgentConfig(StrictModel):
     """Host directory holding ``agent.sock`` and the ``mgctl`` program. The device
     plugin mounts it read-only at the same path into every metagpu container."""
 
+    node_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """This node's name, for the pod watch (``spec.nodeName``), the Node labels and
+    the Events' reporting instance. The chart sets it from the downward API
+    (``spec.nodeName``); ``--node-name`` and the ``NODE_NAME`` env var also work.
+    Unset: the agent runs without the Kubernetes API (no pod names, labels or
+    Events) and only host callers can use ``mgctl``."""
+
+    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    """The kubelet PodResources API socket: the source of truth for which container
+    holds which meta-devices. The kubelet's default path; mount its directory
+    from the host."""
+
+    pod_resources_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    """Seconds one ``List`` call may take. The kubelet answers from memory in
+    milliseconds; 5 s is long enough for a loaded node and short enough that a
+    wedged kubelet delays a cycle rather than stopping it."""
+
+    interval_s: float = Field(default=5.0, ge=0.1, le=300)
+    """Seconds between accounting cycles (GPU readings, enforcement, metrics,
+    labels). 5 s matches a typical Prometheus scrape interval and bounds how stale
+    ``mgctl`` output can be; each cycle costs a few milliseconds."""
+
+    memory_enforcement: MemoryEnforcement = "report"
+    """What to do when a container uses more GPU memory than its share allows
+    (``units / units_per_gpu × GPU memory``): ``off`` (only metrics), ``report``
+    (also a log line, a Warning Event on the pod and a metric), ``kill`` (report,
+    then SIGKILL the container's processes on that GPU once the overrun has lasted
+    ``kill_grace_s``). ``report`` by default: killing is a decision for the operator."""
+
+    kill_grace_s: float = Field(default=30.0, ge=0, le=3600)
+    """Seconds an overrun must persist before ``kill`` acts. Frameworks allocate in
+    bursts and free caches; 30 s (six cycles) ignores a spike and still stops a
+    runaway job long before it starves its neighbours for long."""
+
+    metrics_listen: str = f"0.0.0.0:{DEFAULT_METRICS_PORT}"
+    """``HOST:PORT`` of the Prometheus endpoint (``/metrics``, plus ``/healthz`` and
+    ``/readyz`` for probes). 9400 is the port GPU exporters conventionally use (it is
+    also dcgm-exporter's default: change one if both run with hostNetwork)."""
+
+    proc_root: Path = Path("/proc")
+    """Where to read ``<pid>/cgroup`` and ``<pid>/cmdline``. The agent runs with
+    ``hostPID`` so this is the host's procfs; tests point it at a fake tree."""
+
+    label_node: bool = True
+    """Keep the ``metagpu.io/*`` Node labels (product, count, memory, units per GPU,
+    largest free units) up to date. Needs ``nodes`` get/patch; turn off when another
+    tool owns node labels."""
+
+    install_mgctl: bool = True
+    """Copy the stdlib-only ``mgctl`` program into ``socket_dir`` at start-up, so every
+    metagpu container can run ``/var/run/metagpu/mgctl`` without it in its image."""
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _valid_listen(cls, value: str) -> str:
+        split_listen(value)
+        return value

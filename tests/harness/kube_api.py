@@ -441,10 +441,11 @@ class FakeKubeApi:
                         )
                     except TimeoutError:
                         break
+            await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
-            # A client that goes away ends its watch; that is normal, not an error.
+            # A client that goes away ends its watch; that is normal, not an error
+            # (also when it goes away just as the watch times out).
             return resp
-        await resp.write_eof()
         return resp
 
     # ---------------------------------------------------------- internals

@@ -1,0 +1,346 @@
+"""Who holds which share of which GPU, and what they use: the agent's one join.
+
+Pure. Inputs, each gathered by an adapter:
+
+* GPU readings (:class:`GpuReading`) from the :class:`~plugin.backend.GpuBackend`;
+* allocations (:class:`Allocation`) from the kubelet's PodResources API: which
+  container holds which meta-devices ``<gpu>::<n>``;
+* process owners: PID → container ID from ``/proc/<pid>/cgroup``;
+* the pod index: container ID → namespace/pod/container.
+
+Output: a frozen :class:`Snapshot` that enforcement, metrics, node labels and
+the mgctl API all read, so they can never disagree about the same cycle.
+
+A container's memory limit on a GPU is ``units / units_per_gpu × GPU memory``
+(floored to whole MiB): 25 units of 100 on an 80 GiB GPU allow 20 GiB.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from plugin.agent.cgroups import ContainerId
+from plugin.agent.containers import ContainerDirectory, ContainerKey, ContainerRef
+from plugin.api.resources import ReplicaIdError, parse_replica_id
+from plugin.backend import GpuInfo, GpuProcess, GpuUsage
+
+MIB: Final = 1024 * 1024
+
+Source = Literal["gpus", "podresources", "pods"]
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU as read this cycle. ``usage``/``processes`` are None when the read failed."""
+
+    info: GpuInfo
+    usage: GpuUsage | None
+    processes: tuple[GpuProcess, ...] | None
+    error: str | None = None
+    """Why a read failed (the backend's message), for logs, metrics and mgctl."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One container's devices of one resource, as the kubelet reports them."""
+
+    key: ContainerKey
+    resource: str
+    device_ids: tuple[str, ...]
+    """Meta-device IDs, ``<gpu uuid or index>::<n>``."""
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """One GPU process and who owns it."""
+
+    pid: int
+    gpu_uuid: str
+    gpu_index: int
+    used_memory_mib: int
+    utilization_percent: int | None
+    container_id: ContainerId | None
+    """None for a host process (no container cgroup)."""
+    container: ContainerRef | None
+    """None for host processes and for containers no pod on this node runs."""
+
+
+@dataclass(frozen=True)
+class ShareView:
+    """One container's share of one GPU: what it was given and what it uses."""
+
+    key: ContainerKey
+    gpu_uuid: str
+    gpu_index: int
+    resource: str
+    """The resource the units came from; empty for usage without an allocation."""
+    units: int
+    units_per_gpu: int
+    memory_total_mib: int
+    memory_limit_mib: int
+    memory_used_mib: int
+    utilization_percent: int | None
+    pids: tuple[int, ...]
+    container_id: ContainerId | None
+    pod_uid: str
+
+    @property
+    def percent(self) -> float:
+        """The share as a percentage of the GPU (``units / units_per_gpu × 100``)."""
+        return 100.0 * self.units / self.units_per_gpu
+
+    @property
+    def allocated(self) -> bool:
+        """False for a container using a GPU it holds no units of (no limit applies)."""
+        return self.units > 0
+
+    @property
+    def over_limit(self) -> bool:
+        """Using more memory than the share allows (only shares with units have a limit)."""
+        return self.allocated and self.memory_used_mib > self.memory_limit_mib
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """One GPU this cycle: capacity, allocation and use."""
+
+    uuid: str
+    index: int
+    name: str
+    memory_total_mib: int
+    memory_used_mib: int | None
+    utilization_percent: int | None
+    healthy: bool
+    problem: str | None
+    """Why the GPU is unhealthy or its readings are missing."""
+    resource: str | None
+    """The resource it backs; None when no configured resource includes it."""
+    units_total: int
+    units_allocated: int
+    unattributed_memory_mib: int
+    """Memory of processes no pod container on this node owns (host processes,
+    unknown containers), plus what the driver reports that no process holds."""
+    processes_known: bool = True
+    """False when this cycle's process list could not be read: its shares are
+    incomplete, so enforcement leaves this GPU alone until it reads again."""
+
+    @property
+    def units_free(self) -> int:
+        """Units not held by any container (never negative)."""
+        return max(0, self.units_total - self.units_allocated)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the agent knows after one cycle. Frozen: readers share it freely."""
+
+    taken_at: float
+    """Wall-clock seconds since the epoch."""
+    units_per_gpu: int
+    gpus: tuple[GpuView, ...]
+    shares: tuple[ShareView, ...]
+    processes: tuple[ProcessView, ...]
+    stale: frozenset[Source] = frozenset()
+    """Inputs that could not be read this cycle (the last good value was used)."""
+    problems: tuple[str, ...] = ()
+    """Human-readable notes: unreadable GPUs, allocations of unknown GPUs, ..."""
+    shares_by_container: Mapping[ContainerKey, tuple[ShareView, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def shares_of(self, key: ContainerKey) -> tuple[ShareView, ...]:
+        """The shares one container holds or uses."""
+        return self.shares_by_container.get(key, ())
+
+    def gpu(self, uuid: str) -> GpuView | None:
+        """One GPU by UUID."""
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return gpu
+        return None
+
+
+EMPTY_SNAPSHOT: Final = Snapshot(taken_at=0.0, units_per_gpu=1, gpus=(), shares=(), processes=())
+
+
+def memory_limit_mib(units: int, *, units_per_gpu: int, memory_total_mib: int) -> int:
+    """What ``units`` of a GPU with ``memory_total_mib`` allow, floored to whole MiB."""
+    return units * memory_total_mib // units_per_gpu
+
+
+def build_snapshot(
+    readings: Sequence[GpuReading],
+    allocations: Iterable[Allocation],
+    owners: Mapping[int, ContainerId | None],
+    *,
+    directory: ContainerDirectory,
+    units_per_gpu: int,
+    gpu_resources: Mapping[str, str],
+    resources: Iterable[str],
+    taken_at: float,
+    stale: frozenset[Source] = frozenset(),
+) -> Snapshot:
+    """Join one cycle's inputs into a :class:`Snapshot`.
+
+    ``owners`` maps every GPU process's PID to its container ID (None: host
+    process; a PID missing from the map is treated the same); ``directory``
+    names the containers. ``resources``
+    filters the allocations: other device plugins' resources are ignored.
+    """
+    problems: list[str] = []
+    by_device: dict[str, GpuReading] = {}
+    for reading in readings:
+        by_device[reading.info.uuid] = reading
+        by_device[str(reading.info.index)] = reading
+
+    # --- allocations: (container, gpu) -> units
+    wanted = set(resources)
+    units: dict[tuple[ContainerKey, str], int] = defaultdict(int)
+    unit_resource: dict[tuple[ContainerKey, str], str] = {}
+    allocated_on: dict[str, int] = defaultdict(int)
+    for alloc in allocations:
+        if alloc.resource not in wanted:
+            continue
+        for device_id in alloc.device_ids:
+            try:
+                gpu_id, _ = parse_replica_id(device_id)
+            except ReplicaIdError as exc:
+                problems.append(f"{alloc.key}: {exc}")
+                continue
+            found = by_device.get(gpu_id)
+            if found is None:
+                problems.append(
+                    f"{alloc.key}: holds {device_id!r} of {alloc.resource} "
+                    f"but no GPU {gpu_id!r} is on this node"
+                )
+                continue
+            uuid = found.info.uuid
+            units[(alloc.key, uuid)] += 1
+            unit_resource[(alloc.key, uuid)] = alloc.resource
+            allocated_on[uuid] += 1
+
+    # --- processes: attribute each to a container
+    processes: list[ProcessView] = []
+    proc_of: dict[tuple[ContainerKey, str], list[ProcessView]] = defaultdict(list)
+    for reading in readings:
+        info = reading.info
+        for proc in reading.processes or ():
+            cid = owners.get(proc.pid)
+            ref = directory.lookup(cid) if cid is not None else None
+            view = ProcessView(
+                pid=proc.pid,
+                gpu_uuid=info.uuid,
+                gpu_index=info.index,
+                used_memory_mib=proc.used_memory_mib,
+                utilization_percent=proc.utilization_percent,
+                container_id=cid,
+                container=ref,
+            )
+            processes.append(view)
+            if ref is not None:
+                proc_of[(ref.key, info.uuid)].append(view)
+
+    # --- shares: every (container, gpu) that holds units or runs processes
+    readings_by_uuid = {r.info.uuid: r for r in readings}
+    shares: list[ShareView] = []
+    for pair in sorted(units.keys() | proc_of.keys(), key=_share_order(readings_by_uuid)):
+        key, uuid = pair
+        reading = readings_by_uuid[uuid]
+        held = units.get(pair, 0)
+        procs = proc_of.get(pair, [])
+        total_mib = reading.info.memory_mib
+        ref = procs[0].container if procs else directory.by_key(key)
+        shares.append(
+            ShareView(
+                key=key,
+                gpu_uuid=uuid,
+                gpu_index=reading.info.index,
+                resource=unit_resource.get(pair, ""),
+                units=held,
+                units_per_gpu=units_per_gpu,
+                memory_total_mib=total_mib,
+                memory_limit_mib=memory_limit_mib(
+                    held, units_per_gpu=units_per_gpu, memory_total_mib=total_mib
+                ),
+                memory_used_mib=sum(p.used_memory_mib for p in procs),
+                utilization_percent=_share_utilization(procs, reading),
+                pids=tuple(sorted(p.pid for p in procs)),
+                container_id=ref.container_id if ref else None,
+                pod_uid=ref.pod_uid if ref else "",
+            )
+        )
+    # --- GPUs
+    attributed: dict[str, int] = defaultdict(int)
+    for view in processes:
+        if view.container is not None:
+            attributed[view.gpu_uuid] += view.used_memory_mib
+    gpus: list[GpuView] = []
+    for reading in readings:
+        info = reading.info
+        resource = gpu_resources.get(info.uuid)
+        problem = info.unhealthy_reason or reading.error
+        if reading.error:
+            problems.append(f"GPU {info.index} ({info.uuid}): {reading.error}")
+        used = reading.usage.memory_used_mib if reading.usage else None
+        gpus.append(
+            GpuView(
+                uuid=info.uuid,
+                index=info.index,
+                name=info.name,
+                memory_total_mib=info.memory_mib,
+                memory_used_mib=used,
+                utilization_percent=reading.usage.utilization_percent if reading.usage else None,
+                healthy=info.unhealthy_reason is None and reading.usage is not None,
+                problem=problem,
+                resource=resource,
+                units_total=units_per_gpu if resource is not None and not info.mig_enabled else 0,
+                units_allocated=allocated_on.get(info.uuid, 0),
+                unattributed_memory_mib=max(0, (used or 0) - attributed.get(info.uuid, 0)),
+                processes_known=reading.processes is not None,
+            )
+        )
+
+    by_container: dict[ContainerKey, list[ShareView]] = defaultdict(list)
+    for share in shares:
+        by_container[share.key].append(share)
+    return Snapshot(
+        taken_at=taken_at,
+        units_per_gpu=units_per_gpu,
+        gpus=tuple(gpus),
+        shares=tuple(shares),
+        processes=tuple(processes),
+        stale=stale,
+        problems=tuple(problems),
+        shares_by_container={k: tuple(v) for k, v in by_container.items()},
+    )
+
+
+def _share_order(
+    readings: Mapping[str, GpuReading],
+) -> Callable[[tuple[ContainerKey, str]], tuple[int, ContainerKey]]:
+    def order(pair: tuple[ContainerKey, str]) -> tuple[int, ContainerKey]:
+        return readings[pair[1]].info.index, pair[0]
+
+    return order
+
+
+def _share_utilization(procs: Sequence[ProcessView], reading: GpuReading) -> int | None:
+    """A container's SM utilisation on one GPU.
+
+    The sum of its processes' own figures when the driver gives them; otherwise
+    the whole GPU's figure if this container runs every process on the GPU
+    (nothing else can be using it); otherwise unknown. Never a guess split by
+    memory: memory says nothing about compute.
+    """
+    known = [p.utilization_percent for p in procs if p.utilization_percent is not None]
+    if known:
+        return min(100, sum(known))
+    if not procs or reading.usage is None or reading.usage.utilization_percent is None:
+        return None
+    mine = {p.pid for p in procs}
+    if all(p.pid in mine for p in reading.processes or ()):
+        return reading.usage.utilization_percent
+    return None

@@ -1,0 +1,472 @@
+"""The node agent: one accounting cycle every ``interval_s``, and the processes' lifecycle.
+
+A cycle (:meth:`Agent.cycle`):
+
+1. read every GPU (devices, usage, processes) in a worker thread;
+2. ask the kubelet which container holds which meta-devices (PodResources);
+3. map each GPU process to its container (``/proc/<pid>/cgroup``);
+4. join into a :class:`~plugin.agent.accounting.Snapshot`
+   (:meth:`Agent.process`, pure and benchmarked), decide enforcement, update
+   metrics; then carry out kills/Events and update the Node labels.
+
+Degrading, input by input: when an input cannot be read the agent logs it once
+(and again when it recovers), keeps the last good value, flags it in the
+snapshot's ``stale`` set and in ``metagpu_agent_source_up``, takes no
+enforcement decision, and leaves the Node labels alone. ``mgctl`` and
+``/metrics`` keep answering from what it knows.
+
+:class:`AgentRuntime` owns the sockets and tasks (mgctl API, metrics, pod
+watch, the cycle loop) as one async context manager; :func:`serve` runs it
+until a stop event. Signals are handled only at the top, in
+:mod:`plugin.agent.cli`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Protocol
+
+from plugin.agent.accounting import (
+    Allocation,
+    GpuReading,
+    Snapshot,
+    Source,
+    build_snapshot,
+)
+from plugin.agent.api import ApiContext, ApiServer, install_mgctl
+from plugin.agent.cgroups import (
+    CgroupFormatError,
+    ContainerId,
+    ProcessGoneError,
+    pick_container,
+    read_process_cgroup,
+)
+from plugin.agent.containers import PodIndex
+from plugin.agent.enforcement import (
+    Decision,
+    EnforcementRecord,
+    Enforcer,
+    EventSink,
+    OverrunTracker,
+)
+from plugin.agent.gpus import open_backend, read_gpus, resolve_owners
+from plugin.agent.kube import KubeEventSink, KubeUnavailableError, NodeLabeler, open_api_client
+from plugin.agent.labels import desired_labels
+from plugin.agent.metrics import AgentMetrics
+from plugin.agent.podresources import PodResourcesClient, PodResourcesError
+from plugin.agent.pods import PodWatcher
+from plugin.agent.probes import ProbeServer, ProbeState
+from plugin.agent.tasks import create_guarded_task, stop_tasks
+from plugin.api.config import PluginConfig
+from plugin.api.resources import AGENT_SOCKET_NAME
+from plugin.backend import GpuBackend, GpuBackendError
+from plugin.devices import GpuSelectionError, select_gpus
+
+logger = logging.getLogger(__name__)
+
+GPU_READ_TIMEOUT_S: Final = 30.0
+"""A driver call that takes longer is wedged; the cycle goes on with the last reading."""
+STOP_TIMEOUT_S: Final = 5.0
+"""How long stopping waits for tasks and an in-flight GPU read; well under the
+10 s a pod gets between SIGTERM and SIGKILL by default."""
+
+
+class AllocationSource(Protocol):
+    """The kubelet's PodResources API (:class:`plugin.agent.podresources.PodResourcesClient`)."""
+
+    async def list_allocations(self) -> tuple[Allocation, ...]: ...
+
+    async def close(self) -> None: ...
+
+
+class LabelSink(Protocol):
+    """Node labels (:class:`plugin.agent.kube.NodeLabeler`)."""
+
+    async def sync(self, desired: dict[str, str]) -> bool: ...
+
+
+@dataclass
+class CycleResult:
+    """What one cycle produced (for tests and the benchmark)."""
+
+    snapshot: Snapshot
+    decisions: list[Decision]
+    records: list[EnforcementRecord]
+
+
+class Agent:
+    """The accounting cycle. Holds the last snapshot; owns no sockets."""
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        *,
+        backend: GpuBackend,
+        allocations: AllocationSource,
+        index: PodIndex | None = None,
+        pods_problem: Callable[[], str | None] = lambda: None,
+        events: EventSink | None = None,
+        labels: LabelSink | None = None,
+        metrics: AgentMetrics | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        send_signal: Callable[[int, int], None] = os.kill,
+    ) -> None:
+        self.config = config
+        self.settings = config.agent
+        self.backend = backend
+        self.allocation_source = allocations
+        self.index = index if index is not None else PodIndex()
+        self.pods_problem = pods_problem
+        self.labels = labels
+        self.metrics = metrics or AgentMetrics(backend=backend.kind)
+        self.tracker = OverrunTracker()
+        self.enforcer = Enforcer(
+            events=events,
+            pods=self.index.pod,
+            known=self.index.knows,
+            proc_root=self.settings.proc_root,
+            reporting_instance=self.settings.node_name or os.uname().nodename,
+            send=send_signal,
+        )
+        self._monotonic = monotonic
+        self._wall = wall
+        self.snapshot: Snapshot | None = None
+        self.last_cycle_at: float | None = None
+        """Monotonic time the last cycle finished."""
+        self._readings: tuple[GpuReading, ...] = ()
+        self._allocations: tuple[Allocation, ...] = ()
+        self._problems: dict[Source, str | None] = {}
+        self._gpu_read: asyncio.Future[tuple[GpuReading, ...]] | None = None
+        self._resources_key: tuple[tuple[str, int, bool], ...] | None = None
+        self._gpu_resources: dict[str, str] = {}
+        self._resource_names = tuple(r.name for r in config.resources)
+        self._waiters: list[asyncio.Future[CycleResult]] = []
+
+    # -------------------------------------------------------------- cycle
+    async def cycle(self) -> CycleResult:
+        """Read every input, join, enforce, export. Never raises for an input failure."""
+        started = self._monotonic()
+        stale: set[Source] = set()
+        readings = await self._read_gpus(stale)
+        allocations = await self._read_allocations(stale)
+        pods_problem = self.pods_problem()
+        self._note("pods", pods_problem)
+        if pods_problem is not None:
+            stale.add("pods")
+        pids = [p.pid for r in readings for p in r.processes or ()]
+        # The worker thread gets a copy: the pod watch changes the index meanwhile.
+        known = frozenset(c.container_id for c in self.index.containers())
+        owners = await asyncio.to_thread(
+            resolve_owners, pids, proc_root=self.settings.proc_root, known=known.__contains__
+        )
+        snapshot, decisions = self.process(
+            readings, allocations, owners, stale=frozenset(stale), now_s=self._monotonic()
+        )
+        records = await self.enforcer.execute(decisions)
+        self.metrics.count(records)
+        if self.labels is not None and not stale & {"gpus", "podresources"}:
+            await self.labels.sync(desired_labels(snapshot))
+        self.snapshot = snapshot
+        self.last_cycle_at = self._monotonic()
+        self.metrics.cycle_seconds.observe(self.last_cycle_at - started)
+        result = CycleResult(snapshot, decisions, records)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(result)
+        return result
+
+    async def drain(self, *, timeout_s: float) -> None:
+        """Wait (bounded) for a GPU read still running in its thread, so the backend
+        is not closed under a driver call (NVML must not shut down mid-call)."""
+        read = self._gpu_read
+        if read is not None and not read.done():
+            with suppress(TimeoutError, GpuBackendError):
+                await asyncio.wait_for(asyncio.shield(read), timeout=timeout_s)
+
+    async def next_cycle(self) -> CycleResult:
+        """Wait for the next cycle to finish (for tests and tools; no polling)."""
+        waiter: asyncio.Future[CycleResult] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return await waiter
+
+    def process(
+        self,
+        readings: Sequence[GpuReading],
+        allocations: Sequence[Allocation],
+        owners: dict[int, ContainerId | None],
+        *,
+        stale: frozenset[Source],
+        now_s: float,
+    ) -> tuple[Snapshot, list[Decision]]:
+        """The CPU part of a cycle: join, enforcement decision, metrics update."""
+        snapshot = build_snapshot(
+            readings,
+            allocations,
+            owners,
+            directory=self.index,
+            units_per_gpu=self.config.units_per_gpu,
+            gpu_resources=self._resources_for(readings),
+            resources=self._resource_names,
+            taken_at=self._wall(),
+            stale=stale,
+        )
+        decisions = self.tracker.decide(
+            snapshot,
+            now_s=now_s,
+            policy=self.settings.memory_enforcement,
+            grace_s=self.settings.kill_grace_s,
+        )
+        self.metrics.update(snapshot)
+        return snapshot, decisions
+
+    # ------------------------------------------------------------- inputs
+    async def _read_gpus(self, stale: set[Source]) -> tuple[GpuReading, ...]:
+        if self._gpu_read is None or self._gpu_read.done():
+            self._gpu_read = asyncio.ensure_future(asyncio.to_thread(read_gpus, self.backend))
+        try:
+            readings = await asyncio.wait_for(
+                asyncio.shield(self._gpu_read), timeout=GPU_READ_TIMEOUT_S
+            )
+        except TimeoutError:
+            # The thread cannot be interrupted; the next cycle waits on the same read
+            # instead of piling up threads behind a wedged driver.
+            self._note("gpus", f"reading the GPUs took longer than {GPU_READ_TIMEOUT_S:g} s")
+        except GpuBackendError as exc:
+            self._note("gpus", f"cannot list GPUs: {exc}")
+        else:
+            self._note("gpus", None)
+            self._readings = readings
+            return readings
+        stale.add("gpus")
+        return self._readings
+
+    async def _read_allocations(self, stale: set[Source]) -> tuple[Allocation, ...]:
+        try:
+            allocations = await self.allocation_source.list_allocations()
+        except PodResourcesError as exc:
+            self._note("podresources", str(exc))
+            stale.add("podresources")
+            return self._allocations
+        self._note("podresources", None)
+        self._allocations = allocations
+        return allocations
+
+    def _resources_for(self, readings: Sequence[GpuReading]) -> dict[str, str]:
+        key = tuple((r.info.uuid, r.info.index, r.info.mig_enabled) for r in readings)
+        if key != self._resources_key:
+            self._resources_key = key
+            try:
+                selection = select_gpus([r.info for r in readings], self.config.resources)
+            except GpuSelectionError as exc:
+                logger.error("GPUs cannot be assigned to resources: %s", exc)
+                self._gpu_resources = {}
+            else:
+                for warning in selection.warnings:
+                    logger.warning("%s", warning)
+                self._gpu_resources = {
+                    gpu.uuid: sel.config.name for sel in selection.resources for gpu in sel.gpus
+                }
+        return self._gpu_resources
+
+    def _note(self, source: Source, problem: str | None) -> None:
+        """Log an input's change of state once, not every cycle."""
+        before = self._problems.get(source)
+        if problem == before:
+            return
+        self._problems[source] = problem
+        if problem is None:
+            logger.info("%s readable again", source, extra={"source": source})
+        else:
+            logger.warning(
+                "%s unavailable, using the last known data: %s",
+                source,
+                problem,
+                extra={"source": source},
+            )
+
+    def problem(self, source: Source) -> str | None:
+        """Why ``source`` was stale in the last cycle, or None."""
+        return self._problems.get(source)
+
+    # --------------------------------------------------------------- loop
+    async def run(self) -> None:
+        """Cycle every ``interval_s`` until cancelled; a failed cycle is logged, not fatal."""
+        interval = self.settings.interval_s
+        while True:
+            started = self._monotonic()
+            try:
+                await self.cycle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("accounting cycle failed; trying again next interval")
+            elapsed = self._monotonic() - started
+            await asyncio.sleep(max(0.0, interval - elapsed))
+
+
+def own_container(proc_root: Path) -> ContainerId | None:
+    """The container the agent itself runs in (None on the host or when unreadable).
+
+    Root callers from this container (``kubectl exec`` into the agent) get the
+    node view: the container already runs with hostPID and CAP_KILL."""
+    try:
+        cgroup = read_process_cgroup(os.getpid(), proc_root=proc_root)
+    except (ProcessGoneError, CgroupFormatError):
+        return None
+    return pick_container(cgroup, known=lambda _: False)
+
+
+class AgentRuntime:
+    """Everything the running agent owns, started and stopped in order.
+
+    Start: GPU backend, Kubernetes client and pod watch (optional), mgctl
+    program and API socket, metrics endpoint, then the cycle loop. Stop: the
+    reverse; sockets are removed and the backend is closed last.
+    """
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        *,
+        backend: GpuBackend | None = None,
+        version: str = "unknown",
+    ) -> None:
+        self.config = config
+        self.settings = config.agent
+        self.version = version
+        self._backend = backend
+        self._stack = AsyncExitStack()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.agent: Agent
+        self.metrics_port: int | None = None
+        self.socket_path = self.settings.socket_dir / AGENT_SOCKET_NAME
+
+    async def __aenter__(self) -> AgentRuntime:
+        try:
+            await self._start()
+        except BaseException:
+            await self._stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stop()
+
+    async def _start(self) -> None:
+        settings = self.settings
+        backend = self._backend
+        if backend is None:
+            backend = await asyncio.to_thread(open_backend, gpus_file=self.config.gpus_file)
+        self._stack.callback(backend.close)
+        podresources = PodResourcesClient(
+            settings.pod_resources_socket, timeout_s=settings.pod_resources_timeout_s
+        )
+        self._stack.push_async_callback(podresources.close)
+        index = PodIndex()
+        metrics = AgentMetrics(
+            version=self.version, backend=backend.kind, node=settings.node_name or ""
+        )
+        events, labels, pods_problem = await self._start_kube(index)
+        self.agent = Agent(
+            self.config,
+            backend=backend,
+            allocations=podresources,
+            index=index,
+            pods_problem=pods_problem,
+            events=events,
+            labels=labels,
+            metrics=metrics,
+        )
+        logger.info(
+            "node agent starting",
+            extra={
+                "node": settings.node_name,
+                "backend": backend.kind,
+                "units_per_gpu": self.config.units_per_gpu,
+                "resources": ",".join(r.name for r in self.config.resources),
+                "interval_s": settings.interval_s,
+                "memory_enforcement": settings.memory_enforcement,
+                "kill_grace_s": settings.kill_grace_s,
+                "socket": str(self.socket_path),
+                "pod_resources_socket": str(settings.pod_resources_socket),
+            },
+        )
+        if settings.install_mgctl:
+            install_mgctl(settings.socket_dir, version=self.version)
+        agent = self.agent
+        api = ApiServer(
+            ApiContext(
+                snapshot=lambda: agent.snapshot,
+                lookup=index.lookup,
+                pods_problem=pods_problem,
+                proc_root=settings.proc_root,
+                agent_container=own_container(settings.proc_root),
+                node_name=settings.node_name,
+                version=self.version,
+                backend=backend.kind,
+            ),
+            self.socket_path,
+        )
+        await self._stack.enter_async_context(api)
+        monotonic = time.monotonic
+
+        def age() -> float | None:
+            return None if agent.last_cycle_at is None else monotonic() - agent.last_cycle_at
+
+        probes = ProbeServer(
+            ProbeState(
+                metrics=metrics,
+                last_cycle_age_s=age,
+                stuck_after_s=3 * settings.interval_s + GPU_READ_TIMEOUT_S,
+            ),
+            settings.metrics_listen,
+        )
+        await self._stack.enter_async_context(probes)
+        self.metrics_port = probes.port
+        self._tasks.append(create_guarded_task(agent.run(), name="accounting cycle"))
+
+    async def _start_kube(
+        self, index: PodIndex
+    ) -> tuple[EventSink | None, LabelSink | None, Callable[[], str | None]]:
+        node = self.settings.node_name
+        if node is None:
+            logger.warning(
+                "no node name (set NODE_NAME from the downward API): running without the "
+                "Kubernetes API; no pod names, Events or node labels, and only host root can "
+                "use mgctl"
+            )
+            return None, None, lambda: "the agent has no node name, so it does not watch pods"
+        try:
+            api = await open_api_client()
+        except KubeUnavailableError as exc:
+            logger.warning("running without the Kubernetes API: %s", exc)
+            reason = str(exc)
+            return None, None, lambda: reason
+        self._stack.push_async_callback(api.close)
+        watcher = PodWatcher(api, node_name=node, index=index)
+        self._tasks.append(create_guarded_task(watcher.run(), name="pod watch"))
+        labels = NodeLabeler(api, node) if self.settings.label_node else None
+        return KubeEventSink(api), labels, lambda: watcher.error
+
+    async def _stop(self) -> None:
+        await stop_tasks(self._tasks, timeout_s=STOP_TIMEOUT_S)
+        self._tasks.clear()
+        if hasattr(self, "agent"):
+            await self.agent.drain(timeout_s=STOP_TIMEOUT_S)
+        await self._stack.aclose()
+
+
+async def serve(config: PluginConfig, *, stop: asyncio.Event, version: str = "unknown") -> None:
+    """Run the agent until ``stop`` is set."""
+    async with AgentRuntime(config, version=version):
+        await stop.wait()
+    logger.info("node agent stopped")

@@ -1,0 +1,179 @@
+"""``metagpu agent``: flags and entry point (light: argparse and plugin.api only at import).
+
+The agent reads the device plugin's config file (so resource names and units
+per GPU agree) and its own ``agent:`` section. Precedence: **flags > env
+(``METAGPU_PLUGIN_*``, e.g. ``METAGPU_PLUGIN_AGENT__INTERVAL_S``) > ``--config``
+file > defaults**, with one addition: the node name also comes from the plain
+``NODE_NAME`` variable (the downward API) when nothing else sets it.
+aiohttp, gRPC, NVML and kubernetes-asyncio are imported inside :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Final
+
+from plugin.api.agent_config import MEMORY_ENFORCEMENT_MODES
+from plugin.api.commands import EXIT_OK, Command
+from plugin.api.config import ENV_PREFIX, PluginConfig
+from plugin.api.settings import load_config
+
+CONFIG_FILE_ENV: Final = "METAGPU_PLUGIN_CONFIG_FILE"
+"""Fallback for ``--config``: the same variable the device plugin reads."""
+NODE_NAME_ENV: Final = "NODE_NAME"
+"""The conventional downward-API variable (``fieldRef: spec.nodeName``)."""
+
+DESCRIPTION: Final = """\
+The metagpu node agent: who holds which GPU share and what they use.
+
+Every interval it reads the GPUs (NVML, or --gpus-file), asks the kubelet's
+PodResources API which container holds which meta-devices, maps GPU processes
+to containers through /proc/<pid>/cgroup, and then: enforces GPU memory limits
+(off | report | kill), exports Prometheus metrics on --metrics-listen, keeps the
+metagpu.io/* Node labels current, and answers mgctl on <socket-dir>/agent.sock.
+Run it with hostPID (PIDs must be host PIDs) next to the device plugin.
+
+Precedence: flags > env (METAGPU_PLUGIN_*, e.g. METAGPU_PLUGIN_AGENT__INTERVAL_S)
+> --config file > defaults; NODE_NAME is the last fallback for --node-name.
+See docs/agent.md for every setting."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``agent`` flags; each maps to a config field (None = not given)."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get(CONFIG_FILE_ENV) or None,
+        metavar="FILE",
+        help=f"YAML config file shared with the device plugin (env {CONFIG_FILE_ENV})",
+    )
+    parser.add_argument(
+        "--node-name", metavar="NAME", help=f"this node's name (env {NODE_NAME_ENV})"
+    )
+    parser.add_argument("--gpus-file", type=Path, metavar="FILE", help="simulated GPUs (YAML)")
+    parser.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        metavar="PATH",
+        help="kubelet PodResources socket (default /var/lib/kubelet/pod-resources/kubelet.sock)",
+    )
+    parser.add_argument(
+        "--socket-dir",
+        type=Path,
+        metavar="DIR",
+        help="directory for agent.sock and mgctl (default /var/run/metagpu)",
+    )
+    parser.add_argument(
+        "--metrics-listen", metavar="HOST:PORT", help="metrics and probes (default 0.0.0.0:9400)"
+    )
+    parser.add_argument(
+        "--interval", type=float, metavar="SECONDS", help="seconds between cycles (default 5)"
+    )
+    parser.add_argument(
+        "--memory-enforcement",
+        choices=MEMORY_ENFORCEMENT_MODES,
+        help="what to do about a container over its GPU memory share (default report)",
+    )
+    parser.add_argument(
+        "--kill-grace",
+        type=float,
+        metavar="SECONDS",
+        help="how long an overrun must last before 'kill' acts (default 30)",
+    )
+    parser.add_argument("--proc-root", type=Path, metavar="DIR", help="procfs (default /proc)")
+    parser.add_argument(
+        "--label-node",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep the metagpu.io/* Node labels current (default on)",
+    )
+    parser.add_argument(
+        "--install-mgctl",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="copy mgctl into the socket directory at start-up (default on)",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration as JSON and exit",
+    )
+
+
+def config_flags(args: argparse.Namespace) -> dict[str, object]:
+    """Dotted config paths → flag values, for :func:`plugin.api.settings.load_config`."""
+    return {
+        "gpus_file": args.gpus_file,
+        "agent.node_name": args.node_name,
+        "agent.pod_resources_socket": args.pod_resources_socket,
+        "agent.socket_dir": args.socket_dir,
+        "agent.metrics_listen": args.metrics_listen,
+        "agent.interval_s": args.interval,
+        "agent.memory_enforcement": args.memory_enforcement,
+        "agent.kill_grace_s": args.kill_grace,
+        "agent.proc_root": args.proc_root,
+        "agent.label_node": args.label_node,
+        "agent.install_mgctl": args.install_mgctl,
+    }
+
+
+def load(args: argparse.Namespace) -> PluginConfig:
+    """The effective config. Raises :class:`~plugin.api.settings.ConfigError`."""
+    flags = config_flags(args)
+    config = load_config(
+        PluginConfig, file=args.config, env=os.environ, env_prefix=ENV_PREFIX, flags=flags
+    )
+    if config.agent.node_name is None and os.environ.get(NODE_NAME_ENV):
+        flags["agent.node_name"] = os.environ[NODE_NAME_ENV]
+        config = load_config(
+            PluginConfig, file=args.config, env=os.environ, env_prefix=ENV_PREFIX, flags=flags
+        )
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load(args)  # a bad config fails here: exit 2 via the dispatcher
+    if args.print_config:
+        json.dump(config.model_dump(mode="json"), sys.stdout, indent=2)
+        print()
+        return EXIT_OK
+
+    from plugin.agent.agent import serve  # noqa: PLC0415 - heavy: aiohttp, grpc, kubernetes
+    from plugin.cli import version  # noqa: PLC0415 - plugin.cli imports this module
+
+    # Everything imported so far (kubernetes-asyncio alone is thousands of classes)
+    # lives as long as the process. Freezing it keeps the collector's full passes
+    # from walking it again and again: they otherwise add 50-100 ms pauses to
+    # cycles that take a few ms (tests/benchmarks/agent_cycle.py).
+    gc.collect()
+    gc.freeze()
+
+    async def main() -> int:
+        # Signals are handled here, at the top, and nowhere else: they set the
+        # stop event and the runtime shuts down in order (sockets removed).
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, stop=stop, version=version())
+        return EXIT_OK
+
+    return asyncio.run(main())
+
+
+COMMANDS: Final = (
+    Command(
+        name="agent",
+        help="node agent: usage accounting, enforcement, labels, metrics",
+        description=DESCRIPTION,
+        add_arguments=add_arguments,
+        run=run,
+    ),
+)

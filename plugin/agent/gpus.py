@@ -1,0 +1,98 @@
+"""Adapter: the agent's GPU facts through the :class:`~plugin.backend.GpuBackend` port.
+
+:func:`open_backend` picks simulated GPUs (``gpus_file`` set) or NVML, importing
+:mod:`plugin.nvml` only in that branch so a node without the driver library, or
+a test, never loads ``pynvml``. The agent never crashes for lack of a driver:
+with no usable NVML it serves an empty node (:class:`~plugin.backend.NullBackend`)
+and says so, because the device plugin next to it is the component that decides
+whether a GPU-less node is an error (``fail_on_init_error``).
+
+:func:`read_gpus` and :func:`resolve_owners` block (driver calls, procfs
+reads); the agent runs them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from plugin.agent.accounting import GpuReading
+from plugin.agent.cgroups import (
+    CgroupFormatError,
+    ContainerId,
+    ProcessGoneError,
+    pick_container,
+    read_process_cgroup,
+)
+from plugin.backend import GpuBackend, GpuBackendError, GpuProcess, GpuUsage, NullBackend
+from plugin.simulated import SimulatedGpus
+
+logger = logging.getLogger(__name__)
+
+
+def open_backend(*, gpus_file: Path | None) -> GpuBackend:
+    """Simulated GPUs from ``gpus_file``, else NVML, else an empty node (logged).
+
+    A bad ``gpus_file`` raises :class:`~plugin.api.settings.ConfigError`: that is
+    the operator's typo, not a missing driver.
+    """
+    if gpus_file is not None:
+        return SimulatedGpus.from_file(gpus_file)
+    try:
+        from plugin.nvml import open_nvml  # noqa: PLC0415 - loads pynvml: only without gpus_file
+    except ImportError as exc:  # nvidia-ml-py missing from the image
+        logger.error("cannot load NVML bindings (%s); serving a node without GPUs", exc)
+        return NullBackend()
+    try:
+        return open_nvml()
+    except GpuBackendError as exc:
+        logger.warning("no usable GPU driver, serving a node without GPUs: %s", exc)
+        return NullBackend()
+
+
+def read_gpus(backend: GpuBackend) -> tuple[GpuReading, ...]:
+    """Every GPU with its usage and processes now.
+
+    A failure listing the GPUs at all raises :class:`GpuBackendError` (the
+    whole reading is stale); a failure on one GPU is recorded in that GPU's
+    :attr:`GpuReading.error` and the others are read normally.
+    """
+    readings: list[GpuReading] = []
+    for info in backend.devices():
+        errors: list[str] = []
+        processes: tuple[GpuProcess, ...] | None = None
+        usage: GpuUsage | None = None
+        try:
+            processes = tuple(backend.processes(info.uuid))
+        except GpuBackendError as exc:
+            errors.append(str(exc))
+        try:
+            usage = backend.usage(info.uuid)
+        except GpuBackendError as exc:
+            errors.append(str(exc))
+        readings.append(
+            GpuReading(info=info, usage=usage, processes=processes, error="; ".join(errors) or None)
+        )
+    return tuple(readings)
+
+
+def resolve_owners(
+    pids: Iterable[int], *, proc_root: Path, known: Callable[[ContainerId], bool]
+) -> dict[int, ContainerId | None]:
+    """PID → container ID (None: a host process) for each GPU process.
+
+    A process that exited since the GPU reading is left out; an unreadable
+    cgroup file is logged once per cycle and treated as "not a container", so
+    it is never enforced against.
+    """
+    owners: dict[int, ContainerId | None] = {}
+    for pid in pids:
+        try:
+            owners[pid] = pick_container(read_process_cgroup(pid, proc_root=proc_root), known=known)
+        except ProcessGoneError:
+            continue
+        except CgroupFormatError as exc:
+            logger.warning("cannot attribute GPU process %d: %s", pid, exc)
+            owners[pid] = None
+    return owners

@@ -1,0 +1,187 @@
+"""Prometheus metrics of the node agent, on a registry of its own.
+
+The per-GPU and per-container gauges are rebuilt from each cycle's snapshot
+(:meth:`AgentMetrics.update`) and served by a custom collector, rather than
+kept in labelled ``Gauge`` objects: a container that goes away disappears from
+the next scrape instead of lingering with its last value until someone
+remembers to delete its label set. The counters and the cycle histogram are
+ordinary prometheus-client objects on the same registry.
+
+Units follow Prometheus conventions (bytes, ratios 0–1, seconds). ``container``
+is a label of every per-container series, next to ``namespace``, ``pod`` and
+``gpu_uuid``, so ``sum by (namespace)`` and joins with kube-state-metrics work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from plugin.agent.accounting import MIB, Snapshot
+from plugin.agent.enforcement import EnforcementRecord
+
+PREFIX: Final = "metagpu"
+GPU_LABELS: Final = ("gpu_uuid", "gpu_index", "gpu_model", "resource")
+CONTAINER_LABELS: Final = ("namespace", "pod", "container", "gpu_uuid", "gpu_index", "resource")
+SOURCES: Final = ("gpus", "podresources", "pods")
+
+
+class _SnapshotCollector(Collector):
+    """Serves the families built by the last :meth:`AgentMetrics.update`."""
+
+    def __init__(self) -> None:
+        self.families: tuple[Metric, ...] = ()
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+class AgentMetrics:
+    """Every metric the agent exports. One instance per agent; own registry."""
+
+    def __init__(self, *, version: str = "unknown", backend: str = "", node: str = "") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._snapshot = _SnapshotCollector()
+        self.registry.register(self._snapshot)
+        self.actions = Counter(
+            f"{PREFIX}_enforcement_actions",
+            "Memory enforcement actions taken, by action: report (an overrun started), "
+            "kill (its processes were killed), kill_failed, resolved (back under the limit).",
+            ["action"],
+            registry=self.registry,
+        )
+        for action in ("report", "kill", "kill_failed", "resolved"):
+            self.actions.labels(action)
+        self.cycle_seconds = Histogram(
+            f"{PREFIX}_agent_cycle_duration_seconds",
+            "Time one accounting cycle took (read, join, enforce, export).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=self.registry,
+        )
+        self.last_cycle = Gauge(
+            f"{PREFIX}_agent_last_cycle_timestamp_seconds",
+            "When the last accounting cycle finished (Unix time); alert if it stops moving.",
+            registry=self.registry,
+        )
+        self.source_up = Gauge(
+            f"{PREFIX}_agent_source_up",
+            "1 if the input was read in the last cycle, 0 if the agent is using old data.",
+            ["source"],
+            registry=self.registry,
+        )
+        info = Gauge(
+            f"{PREFIX}_agent_info",
+            "Always 1; labels say which agent version, GPU backend and node this is.",
+            ["version", "backend", "node"],
+            registry=self.registry,
+        )
+        info.labels(version, backend, node).set(1)
+
+    def update(self, snapshot: Snapshot) -> None:
+        """Rebuild the per-GPU and per-container families from ``snapshot``."""
+        self._snapshot.families = tuple(build_families(snapshot))
+        for source in SOURCES:
+            self.source_up.labels(source).set(0 if source in snapshot.stale else 1)
+        self.last_cycle.set(snapshot.taken_at)
+
+    def count(self, records: Iterable[EnforcementRecord]) -> None:
+        """Count what the enforcer did this cycle."""
+        for record in records:
+            self.actions.labels(record.action).inc()
+
+    def render(self) -> bytes:
+        """The text exposition format, as ``/metrics`` serves it."""
+        return generate_latest(self.registry)
+
+
+def build_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """The per-GPU and per-container gauge families for one snapshot."""
+
+    def gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+        return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+
+    units_total = gauge("gpu_units_total", "Meta-device units the GPU is split into.", GPU_LABELS)
+    units_alloc = gauge(
+        "gpu_units_allocated", "Units the kubelet has assigned to containers.", GPU_LABELS
+    )
+    mem_total = gauge("gpu_memory_total_bytes", "GPU framebuffer memory.", GPU_LABELS)
+    mem_used = gauge(
+        "gpu_memory_used_bytes", "GPU memory in use, by any process or the driver.", GPU_LABELS
+    )
+    unattributed = gauge(
+        "gpu_memory_unattributed_bytes",
+        "GPU memory used by host processes, unknown containers or the driver.",
+        GPU_LABELS,
+    )
+    util = gauge(
+        "gpu_utilization_ratio", "SM utilisation over the driver's last sample (0-1).", GPU_LABELS
+    )
+    healthy = gauge(
+        "gpu_healthy", "1 if the GPU was discovered and read this cycle, else 0.", GPU_LABELS
+    )
+    procs = gauge("gpu_processes", "Compute processes on the GPU.", GPU_LABELS)
+    per_gpu_procs: dict[str, int] = {}
+    for p in snapshot.processes:
+        per_gpu_procs[p.gpu_uuid] = per_gpu_procs.get(p.gpu_uuid, 0) + 1
+    for g in snapshot.gpus:
+        values: tuple[str, ...] = (g.uuid, str(g.index), g.name, g.resource or "")
+        units_total.add_metric(values, g.units_total)
+        units_alloc.add_metric(values, g.units_allocated)
+        mem_total.add_metric(values, g.memory_total_mib * MIB)
+        if g.memory_used_mib is not None:
+            mem_used.add_metric(values, g.memory_used_mib * MIB)
+            unattributed.add_metric(values, g.unattributed_memory_mib * MIB)
+        if g.utilization_percent is not None:
+            util.add_metric(values, g.utilization_percent / 100)
+        healthy.add_metric(values, 1 if g.healthy else 0)
+        if g.processes_known:
+            procs.add_metric(values, per_gpu_procs.get(g.uuid, 0))
+    yield from (units_total, units_alloc, mem_total, mem_used, unattributed, util, healthy, procs)
+
+    c_units = gauge("container_units", "Units of the GPU the container holds.", CONTAINER_LABELS)
+    c_limit = gauge(
+        "container_memory_limit_bytes",
+        "GPU memory the container's share allows: units / units per GPU x GPU memory.",
+        CONTAINER_LABELS,
+    )
+    c_used = gauge(
+        "container_memory_used_bytes",
+        "GPU memory the container's processes hold on the GPU.",
+        CONTAINER_LABELS,
+    )
+    c_util = gauge(
+        "container_utilization_ratio",
+        "SM utilisation of the container's processes on the GPU (0-1), when known.",
+        CONTAINER_LABELS,
+    )
+    c_procs = gauge(
+        "container_processes", "The container's compute processes on the GPU.", CONTAINER_LABELS
+    )
+    c_over = gauge(
+        "container_memory_over_limit",
+        "1 while the container uses more GPU memory than its share allows.",
+        CONTAINER_LABELS,
+    )
+    for s in snapshot.shares:
+        values = (
+            s.key.namespace,
+            s.key.pod,
+            s.key.container,
+            s.gpu_uuid,
+            str(s.gpu_index),
+            s.resource,
+        )
+        c_units.add_metric(values, s.units)
+        if s.allocated:
+            c_limit.add_metric(values, s.memory_limit_mib * MIB)
+            c_over.add_metric(values, 1 if s.over_limit else 0)
+        c_used.add_metric(values, s.memory_used_mib * MIB)
+        if s.utilization_percent is not None:
+            c_util.add_metric(values, s.utilization_percent / 100)
+        c_procs.add_metric(values, len(s.pids))
+    yield from (c_units, c_limit, c_used, c_util, c_procs, c_over)

@@ -1,0 +1,195 @@
+"""What a caller of the mgctl API gets to see: the ``/v1`` JSON documents.
+
+Pure: a :class:`~plugin.agent.accounting.Snapshot` and a
+:class:`~plugin.agent.identity.Caller` in, plain JSON-ready dicts out. In
+container scope every document is cut down to the caller's own container: its
+processes, its shares, and of each GPU only the static facts (name, memory
+size) of GPUs it holds units of; other tenants' usage is not shown, not even
+as a GPU-wide total.
+
+Field names are camelCase like the Kubernetes API, because ``mgctl -o yaml``
+output sits next to ``kubectl`` output in people's terminals. The documents are
+versioned (``apiVersion: v1``); a field is never renamed within a version.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any, Final
+
+from plugin.agent.accounting import GpuView, ProcessView, ShareView, Snapshot
+from plugin.agent.identity import Caller
+
+API_VERSION: Final = "v1"
+
+Json = dict[str, Any]
+
+
+class KillNotAllowedError(Exception):
+    """A kill the caller may not do; ``str()`` says why."""
+
+
+class NotAGpuProcessError(LookupError):
+    """The PID is not a GPU process the agent knows of."""
+
+
+def iso_time(epoch_s: float) -> str:
+    """``2026-11-21T13:14:15Z``."""
+    return dt.datetime.fromtimestamp(epoch_s, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def caller_doc(caller: Caller) -> Json:
+    """How the agent identified the caller (shown by ``mgctl -o yaml``)."""
+    doc: Json = {"pid": caller.pid, "uid": caller.uid, "scope": caller.scope}
+    if caller.container is not None:
+        k = caller.container.key
+        doc |= {
+            "namespace": k.namespace,
+            "pod": k.pod,
+            "container": k.container,
+            "containerId": caller.container.container_id,
+        }
+    else:
+        doc["via"] = caller.via
+    return doc
+
+
+def _envelope(kind: str, snapshot: Snapshot, caller: Caller, node: str | None) -> Json:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": kind,
+        "node": node or "",
+        "takenAt": iso_time(snapshot.taken_at) if snapshot.taken_at else None,
+        "stale": sorted(snapshot.stale),
+        "caller": caller_doc(caller),
+    }
+
+
+def _visible(caller: Caller) -> Callable[[ProcessView], bool]:
+    if caller.container is None:
+        return lambda _: True
+    mine = caller.container.key
+    return lambda p: p.container is not None and p.container.key == mine
+
+
+def process_list(
+    snapshot: Snapshot,
+    caller: Caller,
+    *,
+    node: str | None,
+    command: Callable[[int], str],
+) -> Json:
+    """``GET /v1/processes``: GPU processes the caller may see, with their share."""
+    shares = {(s.key, s.gpu_uuid): s for s in snapshot.shares}
+    visible = _visible(caller)
+    items: list[Json] = []
+    for p in snapshot.processes:
+        if not visible(p):
+            continue
+        item: Json = {
+            "pid": p.pid,
+            "gpuIndex": p.gpu_index,
+            "gpuUuid": p.gpu_uuid,
+            "usedMemoryMiB": p.used_memory_mib,
+            "utilizationPercent": p.utilization_percent,
+            "command": command(p.pid),
+            "containerId": p.container_id,
+        }
+        if p.container is not None:
+            k = p.container.key
+            item |= {"namespace": k.namespace, "pod": k.pod, "container": k.container}
+            share = shares.get((k, p.gpu_uuid))
+            if share is not None:
+                item |= _share_fields(share)
+        items.append(item)
+    return _envelope("ProcessList", snapshot, caller, node) | {"items": items}
+
+
+def device_list(snapshot: Snapshot, caller: Caller, *, node: str | None) -> Json:
+    """``GET /v1/devices``: GPUs with allocation and use (node) or the caller's shares."""
+    items: list[Json] = []
+    if caller.container is None:
+        by_gpu: dict[str, list[ShareView]] = {}
+        for s in snapshot.shares:
+            by_gpu.setdefault(s.gpu_uuid, []).append(s)
+        counts: dict[str, int] = {}
+        for p in snapshot.processes:
+            counts[p.gpu_uuid] = counts.get(p.gpu_uuid, 0) + 1
+        for g in snapshot.gpus:
+            items.append(
+                _gpu_static(g)
+                | {
+                    "memoryUsedMiB": g.memory_used_mib,
+                    "utilizationPercent": g.utilization_percent,
+                    "healthy": g.healthy,
+                    "problem": g.problem,
+                    "resource": g.resource,
+                    "unitsTotal": g.units_total,
+                    "unitsAllocated": g.units_allocated,
+                    "unitsFree": g.units_free,
+                    "processes": counts.get(g.uuid, 0),
+                    "shares": [_share_doc(s) for s in by_gpu.get(g.uuid, [])],
+                }
+            )
+    else:
+        gpus = {g.uuid: g for g in snapshot.gpus}
+        for s in snapshot.shares_of(caller.container.key):
+            gpu = gpus.get(s.gpu_uuid)
+            if gpu is None:
+                continue
+            items.append(_gpu_static(gpu) | {"share": _share_doc(s, with_owner=False)})
+    return _envelope("DeviceList", snapshot, caller, node) | {"items": items}
+
+
+def authorize_kill(snapshot: Snapshot, caller: Caller, pid: int) -> ProcessView:
+    """The GPU process ``pid`` if ``caller`` may kill it.
+
+    Raises :class:`NotAGpuProcessError` when no GPU lists it and
+    :class:`KillNotAllowedError` when it belongs to someone else. The agent only
+    kills GPU processes: other processes are the business of ``kill(1)``.
+    """
+    process = next((p for p in snapshot.processes if p.pid == pid), None)
+    if caller.container is None:
+        if process is None:
+            raise NotAGpuProcessError(
+                f"PID {pid} is not a GPU process (none of this node's GPUs lists it in the "
+                f"last reading); mgctl only kills GPU processes"
+            )
+        return process
+    mine = caller.container.key
+    if process is None or process.container is None or process.container.key != mine:
+        # Same answer whether the PID exists elsewhere or not: a container must
+        # not learn about other tenants' processes by probing PIDs.
+        raise KillNotAllowedError(
+            f"PID {pid} is not a GPU process of your container ({mine}); a container may "
+            "only kill its own GPU processes (see mgctl get processes)"
+        )
+    return process
+
+
+def _gpu_static(g: GpuView) -> Json:
+    return {"index": g.index, "uuid": g.uuid, "name": g.name, "memoryTotalMiB": g.memory_total_mib}
+
+
+def _share_fields(s: ShareView) -> Json:
+    return {
+        "units": s.units,
+        "unitsPerGpu": s.units_per_gpu,
+        "sharePercent": round(s.percent, 2),
+        "memoryLimitMiB": s.memory_limit_mib if s.allocated else None,
+    }
+
+
+def _share_doc(s: ShareView, *, with_owner: bool = True) -> Json:
+    doc: Json = {}
+    if with_owner:
+        doc |= {"namespace": s.key.namespace, "pod": s.key.pod, "container": s.key.container}
+    doc |= _share_fields(s) | {
+        "resource": s.resource,
+        "memoryUsedMiB": s.memory_used_mib,
+        "utilizationPercent": s.utilization_percent,
+        "overLimit": s.over_limit,
+        "pids": list(s.pids),
+    }
+    return doc

@@ -1,0 +1,122 @@
+"""A fake kubelet PodResources API v1: a real gRPC server on a unix socket.
+
+It speaks the real ``v1.PodResourcesLister`` messages (the stubs generated from
+``plugin/proto/podresources_v1.proto``), so the agent's client is tested over
+the same wire as against a kubelet. The state is what the kubelet's device
+manager would hold: which pod/container has which device IDs of which
+resource. Tests change it with :meth:`FakePodResources.assign` and
+:meth:`FakePodResources.release`, and can make calls fail like a wedged
+kubelet (:attr:`FakePodResources.fail_with`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from plugin._pb import podresources_v1_pb2 as pb
+from plugin._pb import podresources_v1_pb2_grpc as pb_grpc
+
+
+@dataclass
+class _Container:
+    devices: dict[str, list[str]] = field(default_factory=dict)  # resource -> ids
+
+
+class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    """Servicer with mutable state; one per test (or module)."""
+
+    def __init__(self) -> None:
+        self._pods: dict[tuple[str, str], dict[str, _Container]] = {}
+        self.allocatable: dict[str, list[str]] = {}
+        self.calls: list[str] = []
+        self.fail_with: grpc.StatusCode | None = None
+
+    # ------------------------------------------------------ test-side API
+    def assign(
+        self, namespace: str, pod: str, container: str, resource: str, device_ids: Sequence[str]
+    ) -> None:
+        """Give ``container`` these device IDs of ``resource`` (replacing earlier ones)."""
+        containers = self._pods.setdefault((namespace, pod), {})
+        containers.setdefault(container, _Container()).devices[resource] = list(device_ids)
+
+    def add_pod(self, namespace: str, pod: str, containers: Sequence[str]) -> None:
+        """A pod whose containers hold no devices (the kubelet lists those too)."""
+        entry = self._pods.setdefault((namespace, pod), {})
+        for name in containers:
+            entry.setdefault(name, _Container())
+
+    def release(self, namespace: str, pod: str) -> None:
+        """The pod ended: its devices go back to the pool."""
+        self._pods.pop((namespace, pod), None)
+
+    # ------------------------------------------------------------ servicer
+    async def List(
+        self, request: pb.ListPodResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListPodResourcesResponse:
+        self.calls.append("List")
+        if self.fail_with is not None:
+            await context.abort(self.fail_with, "injected failure")
+        response = pb.ListPodResourcesResponse()
+        for (namespace, name), containers in sorted(self._pods.items()):
+            pod = response.pod_resources.add(name=name, namespace=namespace)
+            for cname, container in containers.items():
+                c = pod.containers.add(name=cname)
+                for resource, ids in container.devices.items():
+                    c.devices.add(resource_name=resource, device_ids=ids)
+        return response
+
+    async def GetAllocatableResources(
+        self, request: pb.AllocatableResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AllocatableResourcesResponse:
+        self.calls.append("GetAllocatableResources")
+        response = pb.AllocatableResourcesResponse()
+        for resource, ids in self.allocatable.items():
+            response.devices.add(resource_name=resource, device_ids=ids)
+        return response
+
+    async def Get(
+        self, request: pb.GetPodResourcesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetPodResourcesResponse:
+        self.calls.append("Get")
+        containers = self._pods.get((request.pod_namespace, request.pod_name))
+        if containers is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"pod {request.pod_name} not found in {request.pod_namespace}",
+            )
+        response = pb.GetPodResourcesResponse()
+        response.pod_resources.name = request.pod_name
+        response.pod_resources.namespace = request.pod_namespace
+        for cname, container in (containers or {}).items():
+            c = response.pod_resources.containers.add(name=cname)
+            for resource, ids in container.devices.items():
+                c.devices.add(resource_name=resource, device_ids=ids)
+        return response
+
+
+@contextlib.asynccontextmanager
+async def running_pod_resources(
+    socket_path: Path, servicer: FakePodResources | None = None
+) -> AsyncIterator[FakePodResources]:
+    """Serve ``servicer`` on ``socket_path`` until the block exits (then remove the socket)."""
+    servicer = servicer or FakePodResources()
+    _remove(socket_path)
+    server = grpc.aio.server()
+    pb_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix://{socket_path}")
+    await server.start()
+    try:
+        yield servicer
+    finally:
+        await asyncio.shield(server.stop(grace=0.2))
+        _remove(socket_path)
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
