@@ -1,0 +1,329 @@
+"""The HTTPS adapter: the 400 channel, health, readiness, metrics, the embedded default."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import json
+import logging
+import ssl
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from certs.files import BundlePaths
+from certs.issue import inspect_cert
+from tests.conftest import load_admission_fixture
+from tests.webhook.conftest import client_context, webhook_config
+from tests.webhook.http import ReviewClient
+from webhook.config import WebhookConfig
+from webhook.model import NamespaceFacts
+from webhook.server import RunningWebhook, running_webhook
+
+HALF = "pod-half-gpu.json"
+
+
+def review(**changes: Any) -> dict[str, Any]:
+    data = load_admission_fixture(HALF)
+    for dotted, value in changes.items():
+        node = data
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node[key]
+        if value is _DELETE:
+            del node[last]
+        else:
+            node[last] = value
+    return data
+
+
+_DELETE: Any = object()
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "must_contain"),
+    [
+        pytest.param(b"{not json", "application/json", "request body is not JSON", id="not-json"),
+        pytest.param(b"\xff\xfe", "application/json", "not UTF-8 JSON", id="not-utf8"),
+        pytest.param(b"[1, 2]", "application/json", "must be a JSON object", id="array"),
+        pytest.param(
+            b"[" * 100_000 + b"]" * 100_000, "application/json", "nested too deeply", id="deep"
+        ),
+        pytest.param(
+            review(), "text/plain", "Content-Type must be application/json", id="text-plain"
+        ),
+        pytest.param(review(), None, "Content-Type must be application/json", id="no-content-type"),
+        pytest.param(
+            review(apiVersion="admission.k8s.io/v1beta1"),
+            "application/json",
+            "unsupported review apiVersion='admission.k8s.io/v1beta1'",
+            id="v1beta1",
+        ),
+        pytest.param(review(kind="Pod"), "application/json", "kind='Pod'", id="wrong-kind"),
+        pytest.param(review(request=None), "application/json", "has no request", id="no-request"),
+        pytest.param(review(**{"request.uid": ""}), "application/json", "request.uid", id="no-uid"),
+        pytest.param(
+            review(**{"request.operation": "PATCH"}),
+            "application/json",
+            "request.operation",
+            id="operation",
+        ),
+        pytest.param(
+            review(**{"request.kind": "Pod"}), "application/json", "request.kind", id="kind-str"
+        ),
+        pytest.param(
+            review(**{"request.object": None}),
+            "application/json",
+            "request.object is required",
+            id="no-object",
+        ),
+        pytest.param(
+            review(**{"request.object.spec.containers": {}}),
+            "application/json",
+            "request.object is not a valid Pod: spec.containers must be a list",
+            id="pod-shape",
+        ),
+        pytest.param(
+            review(**{"request.dryRun": "yes"}),
+            "application/json",
+            "request.dryRun",
+            id="dry-run-str",
+        ),
+    ],
+)
+async def test_unusable_reviews_get_400_and_server_stays_up(
+    client: ReviewClient, body: bytes | dict[str, Any], content_type: str | None, must_contain: str
+) -> None:
+    answer = await client.post(body, content_type=content_type)
+    assert answer.status == 400
+    assert must_contain in answer.text
+    assert (await client.post(review())).status == 200
+
+
+async def test_oversized_body_is_refused(ca_bundle: BundlePaths) -> None:
+    config = webhook_config(ca_bundle, max_body_bytes=64 * 1024)
+    big = review(**{"request.object.metadata.annotations": {"x": "y" * 70_000}})
+    async with running_webhook(config) as hook, aiohttp.ClientSession() as session:
+        c = ReviewClient(session, hook.url, client_context(ca_bundle.ca_file))
+        answer = await c.post(big)
+        assert answer.status == 400
+        assert "larger than max_body_bytes (65536 bytes)" in answer.text
+
+        async def chunks() -> Any:  # no Content-Length: the limit applies while reading
+            data = json.dumps(big).encode()
+            for i in range(0, len(data), 8192):
+                yield data[i : i + 8192]
+
+        async with session.post(
+            c.url + "/mutate",
+            data=chunks(),
+            headers={"Content-Type": "application/json"},
+            ssl=c.ssl_context,
+        ) as r:
+            assert r.status == 400
+            assert "larger than max_body_bytes" in await r.text()
+        assert (await c.post(review())).status == 200
+
+
+async def test_wrong_method_and_path(client: ReviewClient) -> None:
+    assert (await client.get("/mutate")).status == 405
+    assert (await client.post(review(), path="/validate")).status == 404
+
+
+async def test_health_ready_and_metrics(client: ReviewClient, webhook: RunningWebhook) -> None:
+    assert (await client.get("/healthz")).text == "ok\n"
+    ready = await client.get("/readyz")
+    assert ready.status == 200
+    report = json.loads(ready.text)
+    assert report["ready"] is True
+    assert report["tls"]["serial"] == f"{webhook.tls.current.info.serial:x}"
+
+    await client.post(review())  # mutated
+    await client.post(load_admission_fixture("pod-no-gpu.json"))  # unchanged
+    await client.post(load_admission_fixture("pod-0.333-gpu.json"))  # denied
+    await client.post(b"nope")  # error
+    samples = scrape((await client.get("/metrics")).text)
+    for name, labels, value in (
+        ("metagpu_webhook_requests_total", {"outcome": "allowed-mutated", "target": "pod"}, 1),
+        ("metagpu_webhook_requests_total", {"outcome": "allowed-unchanged", "target": "pod"}, 1),
+        ("metagpu_webhook_requests_total", {"outcome": "denied", "target": "pod"}, 1),
+        ("metagpu_webhook_requests_total", {"outcome": "error", "target": "invalid"}, 1),
+        ("metagpu_webhook_request_duration_seconds_count", {"outcome": "allowed-mutated"}, 1),
+        (
+            "metagpu_webhook_tls_cert_not_after_seconds",
+            {},
+            webhook.tls.current.info.not_after.timestamp(),
+        ),
+    ):
+        assert samples[(name, tuple(sorted(labels.items())))] == value
+
+
+def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus text → ``{(sample name, sorted labels): value}``."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+class FakeNamespaces:
+    """A NamespaceSource with scripted facts and readiness."""
+
+    def __init__(self, facts: dict[str, NamespaceFacts], *, ready: bool = True) -> None:
+        self._facts = facts
+        self.ready = ready
+        self.status = "fake"
+        self.asked: list[str] = []
+
+    async def facts(self, name: str) -> NamespaceFacts:
+        self.asked.append(name)
+        return self._facts.get(name, NamespaceFacts())
+
+
+async def test_namespace_facts_reach_the_rules_and_the_warnings(ca_bundle: BundlePaths) -> None:
+    source = FakeNamespaces(
+        {"team-a": NamespaceFacts(compute_policy="fixed", warnings=("namespace cache degraded",))}
+    )
+    async with (
+        running_webhook(webhook_config(ca_bundle), namespaces=source) as hook,
+        aiohttp.ClientSession() as session,
+    ):
+        c = ReviewClient(session, hook.url, client_context(ca_bundle.ca_file))
+        answer = await c.post(review())
+        not_ours = await c.post(load_admission_fixture("pod-update-no-gpu.json"))
+    assert source.asked == ["team-a"]  # pod UPDATE needs no namespace facts
+    assert not_ours.status == 200
+    assert "namespace cache degraded" in answer.response["warnings"]
+    ops: dict[str, Any] = {op["path"]: op.get("value") for op in answer.patch}
+    assert ops["/metadata/annotations/metagpu.io~1compute-policy"] == "fixed"
+    env = ops["/spec/containers/0/env"]
+    assert {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "50"} in env
+
+
+async def test_readiness_waits_for_the_namespace_source(ca_bundle: BundlePaths) -> None:
+    source = FakeNamespaces({}, ready=False)
+    async with (
+        running_webhook(webhook_config(ca_bundle), namespaces=source) as hook,
+        aiohttp.ClientSession() as session,
+    ):
+        c = ReviewClient(session, hook.url, client_context(ca_bundle.ca_file))
+        assert (await c.get("/readyz")).status == 503
+        assert (await c.post(review())).status == 200  # serving does not wait
+        source.ready = True
+        assert (await c.get("/readyz")).status == 200
+        hook.state.draining = True
+        answer = await c.get("/readyz")
+        assert answer.status == 503
+        assert json.loads(answer.text)["draining"] is True
+
+
+async def test_embedded_default_generates_then_reuses_its_ca(tmp_path: Path) -> None:
+    config = WebhookConfig.model_validate(
+        {
+            "listen": "127.0.0.1:0",
+            "tls": {"generate_dir": str(tmp_path / "tls")},
+            "kubernetes": {"enabled": False},
+        }
+    )
+    async with running_webhook(config) as hook:
+        assert hook.ca_file == tmp_path / "tls" / "ca.crt"
+        info = inspect_cert((tmp_path / "tls" / "tls.crt").read_bytes())
+        assert set(info.dns_names) == {"localhost"}
+        assert set(info.ip_addresses) == {"127.0.0.1", "::1"}
+        first_ca = hook.ca_file.read_bytes()
+        async with aiohttp.ClientSession() as session:
+            c = ReviewClient(session, hook.url, client_context(hook.ca_file))
+            assert (await c.post(review())).status == 200
+    async with running_webhook(config) as hook:
+        assert hook.ca_file is not None
+        assert hook.ca_file.read_bytes() == first_ca
+
+
+async def test_embedded_default_replaces_a_bundle_due_for_renewal(tmp_path: Path) -> None:
+    config = WebhookConfig.model_validate(
+        {
+            "listen": "127.0.0.1:0",
+            "tls": {"generate_dir": str(tmp_path)},
+            "kubernetes": {"enabled": False},
+        }
+    )
+    async with running_webhook(config) as hook:
+        assert hook.ca_file is not None
+        first_ca = hook.ca_file.read_bytes()
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=300)
+    async with running_webhook(config, clock=lambda: later) as hook:
+        assert hook.ca_file is not None
+        assert hook.ca_file.read_bytes() != first_ca
+
+
+async def test_untrusted_client_cannot_connect(webhook: RunningWebhook) -> None:
+    ctx = ssl.create_default_context()  # system CAs only: our CA is not among them
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await session.get(webhook.url + "/healthz", ssl=ctx)
+
+
+async def test_ipv6_listen(ca_bundle: BundlePaths, tmp_path: Path) -> None:
+    config = WebhookConfig.model_validate(
+        {
+            "listen": "[::1]:0",
+            "tls": {"generate_dir": str(tmp_path)},
+            "kubernetes": {"enabled": False},
+        }
+    )
+    try:
+        async with running_webhook(config) as hook:
+            assert hook.url.startswith("https://[::1]:")
+            assert hook.ca_file is not None
+            async with aiohttp.ClientSession() as session:
+                c = ReviewClient(session, hook.url, client_context(hook.ca_file))
+                assert (await c.post(review())).status == 200
+    except OSError as exc:  # a host without IPv6 loopback
+        pytest.skip(f"no IPv6 loopback: {exc}")
+
+
+async def test_concurrent_requests_are_independent(client: ReviewClient) -> None:
+    bodies = []
+    for i in range(20):
+        r = copy.deepcopy(review())
+        r["request"]["uid"] = f"uid-{i}"
+        bodies.append(r)
+    answers = await asyncio.gather(*(client.post(b) for b in bodies))
+    assert [a.response["uid"] for a in answers] == [f"uid-{i}" for i in range(20)]
+
+
+async def test_denials_are_logged_with_the_object_reference(
+    client: ReviewClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="webhook.server")
+    denied = await client.post(load_admission_fixture("pod-0.333-gpu.json"))
+    mutated = await client.post(review())
+    assert denied.status == 200
+    assert denied.response["allowed"] is False
+    assert mutated.status == 200
+    records = {r.getMessage().split(":")[0]: r for r in caplog.records}
+    assert records["denied"].__dict__["object_name"] == "third"
+    assert records["denied"].__dict__["namespace"] == "team-a"
+    assert records["mutated"].__dict__["operations"] == len(mutated.patch)
+
+
+async def test_a_bug_in_the_rules_is_a_500_and_the_server_stays_up(
+    client: ReviewClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import webhook.server
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(webhook.server, "admit", broken)
+    answer = await client.post(review())
+    assert answer.status == 500
+    assert "internal error reviewing uid 6a07c661" in answer.text
+    assert any("internal error while reviewing" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    assert (await client.post(review())).status == 200

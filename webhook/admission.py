@@ -1,0 +1,94 @@
+"""Which rule answers which AdmissionReview request: the pure heart of ``/mutate``.
+
+kopf's ``serve_admission_request`` in one function: a checked request and the
+namespace facts in, a :class:`~webhook.rules.Decision` out. The HTTP adapter
+only decodes, looks up the namespace (the one piece of I/O), calls
+:func:`admit` and encodes. ``metagpu mutate`` calls the same rules directly.
+
+What is ours (everything else is allowed unchanged, so a webhook registered
+too broadly never blocks anything):
+
+* ``pods`` CREATE: rules 1-8;
+* ``pods/ephemeralcontainers`` UPDATE (``kubectl debug``): rule 5;
+* workloads (Deployment, StatefulSet, DaemonSet, ReplicaSet,
+  ReplicationController, Job, CronJob) CREATE and UPDATE: rule 9.
+
+Pod UPDATE (labels, status, ...) and DELETE are never mutated: the resources
+of a running pod cannot change, and ``dryRun`` requests get exactly what a
+real request would (the rules have no side effects to skip).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from webhook.review import AdmissionRequest
+from webhook.rules import (
+    NO_NAMESPACE_FACTS,
+    UNCHANGED,
+    WORKLOAD_TEMPLATE_PATHS,
+    Decision,
+    NamespaceFacts,
+    RuleSettings,
+    mutate_ephemeral_containers,
+    mutate_pod,
+    mutate_workload,
+)
+
+Target = Literal["pod", "ephemeral-containers", "workload", "other"]
+
+WORKLOAD_VERSIONS: Final[dict[str, str]] = {"apps": "v1", "batch": "v1", "": "v1"}
+"""The API versions whose workload schema the template paths were written for."""
+
+
+def classify(request: AdmissionRequest) -> Target:
+    """What kind of request this is, for the rules and for the metrics."""
+    kind = request["kind"]
+    group, version, name = kind["group"], kind["version"], kind["kind"]
+    operation = request["operation"]
+    sub = request.get("subResource") or ""
+    if group == "" and version == "v1" and name == "Pod":
+        if operation == "CREATE" and not sub:
+            return "pod"
+        if operation == "UPDATE" and sub == "ephemeralcontainers":
+            return "ephemeral-containers"
+        return "other"
+    if (
+        (group, name) in WORKLOAD_TEMPLATE_PATHS
+        and WORKLOAD_VERSIONS.get(group) == version
+        and operation in ("CREATE", "UPDATE")
+        and not sub
+    ):
+        return "workload"
+    return "other"
+
+
+def namespace_to_look_up(request: AdmissionRequest) -> str | None:
+    """The namespace whose facts :func:`admit` needs, or None when it needs none."""
+    if classify(request) == "other":
+        return None
+    return request.get("namespace") or None
+
+
+def admit(
+    request: AdmissionRequest,
+    *,
+    settings: RuleSettings,
+    namespace: NamespaceFacts = NO_NAMESPACE_FACTS,
+) -> Decision:
+    """Apply the rules that own this request. Raises ``PodShapeError`` for an object
+    that is not shaped like its kind (never sent by a real API server)."""
+    target = classify(request)
+    obj = request.get("object")
+    if target == "other" or obj is None:
+        return UNCHANGED
+    if target == "pod":
+        return mutate_pod(obj, settings=settings, namespace=namespace)
+    if target == "ephemeral-containers":
+        return mutate_ephemeral_containers(
+            obj, old_pod=request.get("oldObject"), settings=settings, namespace=namespace
+        )
+    kind = request["kind"]
+    return mutate_workload(
+        obj, group=kind["group"], kind=kind["kind"], settings=settings, namespace=namespace
+    )

@@ -1,0 +1,320 @@
+"""Configuration of ``metagpu webhook`` and ``metagpu mutate``: one versioned pydantic model.
+
+Loaded by :func:`plugin.api.settings.load_config` with env prefix
+:data:`ENV_PREFIX` and the precedence flags > env > file > defaults
+(``METAGPU_WEBHOOK_TLS__CERT_FILE``, ``METAGPU_WEBHOOK_UNITS_PER_GPU``, ...).
+The field names are a contract with the Helm chart, which renders a config
+file with exactly these keys; ``docs/webhook.md`` lists every one.
+
+Everything is checked here, once, at start-up: a bad resource name, a
+toleration Kubernetes would refuse, or ``units_per_gpu`` out of range is a
+start-up error naming the field and the value, never a surprise at the first
+pod.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Final, Literal, Self
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from plugin.api.resources import (
+    CNVRG_GPU_RESOURCE,
+    DEFAULT_RESOURCE_NAME,
+    DEFAULT_UNITS_PER_GPU,
+    MAX_UNITS_PER_GPU,
+    NVIDIA_GPU_RESOURCE,
+    ResourceName,
+)
+from plugin.api.settings import StrictModel
+
+ENV_PREFIX: Final = "METAGPU_WEBHOOK_"
+"""Env vars are ``METAGPU_WEBHOOK_<FIELD>``, nested fields joined by ``__``."""
+
+DEFAULT_LISTEN: Final = "127.0.0.1:8443"
+"""Loopback for the embedded default; the chart sets ``0.0.0.0:8443``."""
+
+MIB: Final = 1 << 20
+
+_DNS_SUBDOMAIN: Final = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII
+)
+
+ComputePolicy = Literal["fixed", "balance", "none"]
+"""How a GPU container shares its GPU (annotation ``metagpu.io/compute-policy``):
+
+* ``fixed``: a hard cap. The container gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
+  equal to its share, so under MPS it can never use more SMs than it asked for.
+* ``balance``: the GPU is time-sliced (or shared under MPS) without a hard cap;
+  the share is what the scheduler counts and is advisory at run time, so an idle
+  neighbour's time can be used.
+* ``none``: metagpu sets no policy environment beyond ``METAGPU_COMPUTE_POLICY``.
+"""
+
+VisibleDevicesPolicy = Literal["deny", "strip"]
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class Toleration(StrictModel):
+    """A pod toleration, in the Kubernetes field names (``tolerationSeconds`` too)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True)
+
+    key: str | None = None
+    """Taint key; empty with ``operator: Exists`` tolerates every taint."""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = None
+    """Taint value; must be empty for ``operator: Exists``."""
+    effect: TaintEffect | None = None
+    """Empty tolerates every effect."""
+    toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
+    """Only with ``effect: NoExecute``: how long the pod stays after the taint appears."""
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> Self:
+        # The same rules as the API server's ValidateTolerations, so a config
+        # that the API server would refuse on every pod fails at start-up instead.
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"value must be empty when operator is Exists (got {self.value!r})")
+        if self.operator == "Equal" and not self.key:
+            raise ValueError("operator must be Exists when key is empty")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds is only allowed with effect NoExecute")
+        return self
+
+    def as_kubernetes(self) -> dict[str, object]:
+        """The toleration as it appears in a pod spec (unset fields left out)."""
+        data: dict[str, object] = {}
+        if self.key is not None:
+            data["key"] = self.key
+        data["operator"] = self.operator
+        if self.value is not None:
+            data["value"] = self.value
+        if self.effect is not None:
+            data["effect"] = self.effect
+        if self.toleration_seconds is not None:
+            data["tolerationSeconds"] = self.toleration_seconds
+        return data
+
+
+def default_tolerations() -> list[Toleration]:
+    """The taints the install guide puts on GPU nodes."""
+    return [
+        Toleration(
+            key=DEFAULT_RESOURCE_NAME, operator="Equal", value="present", effect="NoSchedule"
+        ),
+        Toleration(key=NVIDIA_GPU_RESOURCE, operator="Exists", effect="NoSchedule"),
+    ]
+
+
+class TlsConfig(StrictModel):
+    """Where the serving certificate comes from."""
+
+    cert_file: Path | None = None
+    """PEM certificate (chain) to serve. With ``key_file``; both or neither.
+    Usually ``/tls/tls.crt`` from a mounted ``kubernetes.io/tls`` Secret."""
+    key_file: Path | None = None
+    """PEM private key of ``cert_file``."""
+    generate_dir: Path = Path("run/webhook-tls")
+    """With no ``cert_file``/``key_file``: the embedded default writes (or reuses) a
+    CA and a certificate for localhost/127.0.0.1/::1 here (``ca.crt``, ``tls.crt``,
+    ``tls.key``). Relative to the working directory."""
+    reload_interval_s: float = Field(default=0.5, gt=0, le=60)
+    """Seconds between checks of the certificate files for a rotation. A mounted
+    Secret changes by a symlink swap that file watchers miss, so the files are
+    polled; half a second keeps new handshakes on the new certificate within 2 s."""
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> Self:
+        if (self.cert_file is None) != (self.key_file is None):
+            given = "cert_file" if self.cert_file is not None else "key_file"
+            raise ValueError(
+                f"tls.cert_file and tls.key_file go together; only {given} is set "
+                "(set both, or neither to generate a certificate)"
+            )
+        return self
+
+
+class KubernetesConfig(StrictModel):
+    """How the webhook reads Namespace annotations and labels."""
+
+    enabled: Literal["auto"] | bool = "auto"
+    """``auto``: use the API when running in a cluster (``KUBERNETES_SERVICE_HOST``)
+    or when a kubeconfig is given (``kubeconfig`` or ``KUBECONFIG``), otherwise run
+    on config alone. ``true``: the API is required (start-up fails without it).
+    ``false``: never call the API; namespace annotations are ignored."""
+    kubeconfig: Path | None = None
+    """Kubeconfig file to use instead of the in-cluster service account."""
+    namespace_lookup_timeout_s: float = Field(default=1.0, gt=0, le=30)
+    """Bound on the one GET a namespace cache miss makes. The API server waits for
+    the webhook (``timeoutSeconds``, 10 s at most), so this stays well below it; on
+    timeout the config defaults apply and the response carries a warning."""
+    initial_sync_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    """``/readyz`` reports not-ready until the namespace cache has listed every
+    namespace, for at most this long. After that the webhook reports ready anyway
+    (degraded, with a logged warning): cache misses then fall back to one GET each,
+    so a slow or forbidden list never keeps the webhook out of its Service."""
+
+
+class WebhookConfig(StrictModel):
+    """Everything ``metagpu webhook`` and ``metagpu mutate`` can be told."""
+
+    version: Literal["v1"] = "v1"
+    """Config format version; only ``v1`` exists."""
+
+    listen: str = DEFAULT_LISTEN
+    """``HOST:PORT`` to serve HTTPS on (``[::1]:8443`` for IPv6; port 0 picks a free one)."""
+
+    tls: TlsConfig = Field(default_factory=TlsConfig)
+
+    resource_name: str = DEFAULT_RESOURCE_NAME
+    """The metagpu resource that fractions are converted into. Must be one the
+    device plugin advertises."""
+
+    extra_resource_names: list[str] = Field(default_factory=list)
+    """Other metagpu resources (e.g. ``cnvrg.io/metagpu-a100``): passed through as
+    whole units, checked like ``resource_name``, and count as "uses metagpu"
+    (tolerations, runtime class, policy)."""
+
+    units_per_gpu: int = Field(default=DEFAULT_UNITS_PER_GPU, ge=1, le=MAX_UNITS_PER_GPU)
+    """Units per GPU; must equal the device plugin's. 100 makes a unit 1% of a GPU."""
+
+    fraction_resource_names: list[str] = Field(
+        default_factory=lambda: [NVIDIA_GPU_RESOURCE, CNVRG_GPU_RESOURCE]
+    )
+    """Resources whose value is a share of one GPU and is converted into units.
+    ``nvidia.com/gpu`` is converted only when its value is not a whole number
+    (unless ``convert_whole_gpus``), so whole GPUs keep going to NVIDIA's plugin."""
+
+    convert_whole_gpus: bool = False
+    """Also convert whole ``nvidia.com/gpu`` values (``1`` becomes 100 units), for
+    clusters where metagpu serves every GPU."""
+
+    max_gpus_per_container: float = Field(default=8, gt=0, le=1024)
+    """Largest share one container may ask for, in GPUs; larger requests are denied.
+    Eight is the most GPUs a common node has."""
+
+    tolerations: list[Toleration] = Field(default_factory=default_tolerations)
+    """Added to pods that use metagpu, unless an existing toleration already
+    covers them. The defaults match the taints the install guide puts on GPU nodes."""
+
+    runtime_class_name: str | None = "nvidia"
+    """Set on pods that use metagpu and have none. ``null``: never set (the nvidia
+    runtime is the node default). Also the class under which containers that ask
+    for no GPU get ``NVIDIA_VISIBLE_DEVICES=void``."""
+
+    default_compute_policy: ComputePolicy = "balance"
+    """Policy for pods whose own annotation and whose namespace's annotation
+    (``metagpu.io/compute-policy``) are unset. See :data:`ComputePolicy`."""
+
+    visible_devices_policy: VisibleDevicesPolicy = "deny"
+    """What to do with a GPU container that sets ``NVIDIA_VISIBLE_DEVICES`` or
+    ``CUDA_VISIBLE_DEVICES`` itself (it could see GPUs it was not given): ``deny``
+    the pod, or ``strip`` the variables and warn."""
+
+    deny_privileged: bool = True
+    """Deny privileged containers that request metagpu: they see every GPU on the node."""
+
+    void_non_gpu_containers: bool = True
+    """Give containers that ask for no GPU ``NVIDIA_VISIBLE_DEVICES=void`` in pods
+    under the nvidia runtime class, so a CUDA base image (``NVIDIA_VISIBLE_DEVICES=all``)
+    does not expose every GPU to a sidecar."""
+
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+
+    max_body_bytes: int = Field(default=4 * MIB, ge=64 * 1024, le=64 * MIB)
+    """Largest AdmissionReview accepted; larger bodies get a 400. The API server's
+    own request limit is 3 MiB, so 4 MiB never refuses a real review."""
+
+    shutdown_timeout_s: float = Field(default=10, ge=0, le=300)
+    """How long SIGTERM waits for in-flight requests. Keep ``drain_delay_s +
+    shutdown_timeout_s`` below the pod's ``terminationGracePeriodSeconds`` (30 s
+    by default)."""
+
+    drain_delay_s: float = Field(default=0, ge=0, le=120)
+    """After SIGTERM, keep serving (with ``/readyz`` failing) this long before
+    closing the listener: the API server may route new reviews to a terminating
+    pod until its endpoints update. 0 for local runs; the chart sets a few seconds."""
+
+    # ---------------------------------------------------------- validation
+    @field_validator("resource_name")
+    @classmethod
+    def _valid_resource_name(cls, value: str) -> str:
+        return str(ResourceName(value))
+
+    @field_validator("extra_resource_names", "fraction_resource_names")
+    @classmethod
+    def _valid_resource_names(cls, values: list[str]) -> list[str]:
+        checked = [str(ResourceName(v)) for v in values]
+        duplicates = sorted({v for v in checked if checked.count(v) > 1})
+        if duplicates:
+            raise ValueError(f"resource names listed twice: {', '.join(duplicates)}")
+        return checked
+
+    @field_validator("runtime_class_name")
+    @classmethod
+    def _valid_runtime_class(cls, value: str | None) -> str | None:
+        # A RuntimeClass name is a DNS subdomain; check it here rather than have
+        # the API server refuse every GPU pod.
+        if value is not None and not _is_dns_subdomain(value):
+            raise ValueError(f"runtime_class_name must be a DNS subdomain name: {value!r}")
+        return value
+
+    @field_validator("listen")
+    @classmethod
+    def _valid_listen(cls, value: str) -> str:
+        split_listen(value)
+        return value
+
+    @model_validator(mode="after")
+    def _names_do_not_overlap(self) -> Self:
+        groups = {
+            "resource_name": [self.resource_name],
+            "extra_resource_names": self.extra_resource_names,
+            "fraction_resource_names": self.fraction_resource_names,
+        }
+        seen: dict[str, str] = {}
+        for field, names in groups.items():
+            for name in names:
+                if name in seen and seen[name] != field:
+                    raise ValueError(
+                        f"{name} is in both {seen[name]} and {field}; a resource is either "
+                        "a metagpu resource (units) or a fraction resource (GPUs), not both"
+                    )
+                seen[name] = field
+        max_units = int(self.max_gpus_per_container * self.units_per_gpu)
+        if max_units < 1:
+            raise ValueError(
+                f"max_gpus_per_container {self.max_gpus_per_container} is less than one unit "
+                f"at {self.units_per_gpu} units per GPU"
+            )
+        return self
+
+    @property
+    def host(self) -> str:
+        return split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return split_listen(self.listen)[1]
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:8443"`` → ``("127.0.0.1", 8443)``; ``"[::1]:8443"`` → ``("::1", 8443)``."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isascii() or not port_text.isdigit():
+        raise ValueError(f"listen must be HOST:PORT, e.g. {DEFAULT_LISTEN}: {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"write an IPv6 listen address in brackets, e.g. [::1]:8443: {value!r}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"listen port must be 0..65535: {value!r}")
+    return host, port
+
+
+def _is_dns_subdomain(value: str) -> bool:
+    return len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value) is not None

@@ -1,0 +1,438 @@
+"""Namespace facts for the rules, from a watch-backed cache of Namespaces (adapter).
+
+The rules need two things from a pod's Namespace: its
+``metagpu.io/compute-policy`` annotation and its ``metagpu.io/inject`` label.
+Reading them must never block or fail pod creation by surprise, so:
+
+* a background task lists every Namespace once, then watches for changes
+  (reconnecting from the last resourceVersion, re-listing on 410 Gone, backing
+  off on errors), so almost every lookup is a dict hit;
+* a cache miss (a namespace created a moment ago, or the list not done yet)
+  makes **one** GET bounded by ``namespace_lookup_timeout_s``; concurrent misses
+  for the same name share it;
+* any failure (timeout, 403, API down) answers with the config defaults and a
+  warning that the AdmissionResponse carries to the user; after a failure the
+  same name is not retried for :data:`FAILURE_RETRY_S`, so a broken API costs
+  each pod creation nothing;
+* ``/readyz`` waits for the initial list for at most ``initial_sync_timeout_s``;
+  if the list never completes (RBAC missing, API slow), the webhook reports
+  ready anyway, logs a warning, and keeps answering with GET-per-miss and
+  defaults, because an unready webhook with ``failurePolicy: Fail`` would block
+  every pod in the cluster.
+
+Without a reachable cluster (``kubernetes.enabled: auto`` outside a cluster and
+without a kubeconfig, or ``false``) :class:`StaticNamespaces` answers with the
+config defaults and no warning: running on config alone is then the intent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Protocol, cast
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+from plugin.api.resources import ANNOTATION_COMPUTE_POLICY, LABEL_INJECT
+from webhook.config import KubernetesConfig
+from webhook.metrics import WebhookMetrics
+from webhook.model import NO_NAMESPACE_FACTS, NamespaceFacts
+
+logger = logging.getLogger(__name__)
+
+FAILURE_RETRY_S: Final = 5.0
+"""After a failed GET, the same namespace answers from defaults for this long."""
+
+WATCH_TIMEOUT_S: Final = 300
+"""Server-side watch timeout; the watch is re-opened from the last resourceVersion."""
+
+BACKOFF_S: Final = (0.5, 30.0)
+"""First and largest delay between attempts after a list or watch error."""
+
+
+class KubernetesUnavailableError(Exception):
+    """``kubernetes.enabled: true`` but no usable cluster configuration was found."""
+
+
+class NamespaceSource(Protocol):
+    """Where the server gets namespace facts from (the cache, or config alone)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def status(self) -> str: ...
+
+    async def facts(self, name: str) -> NamespaceFacts: ...
+
+
+class StaticNamespaces:
+    """No cluster: every namespace has no annotations; the config defaults apply."""
+
+    def __init__(self, metrics: WebhookMetrics | None = None) -> None:
+        self._metrics = metrics
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    @property
+    def status(self) -> str:
+        return "disabled (running on config alone)"
+
+    async def facts(self, name: str) -> NamespaceFacts:
+        if self._metrics is not None:
+            self._metrics.namespace_lookup("disabled")
+        return NO_NAMESPACE_FACTS
+
+    async def __aenter__(self) -> StaticNamespaces:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+def facts_of(namespace: Mapping[str, Any]) -> NamespaceFacts:
+    """The facts a Namespace object carries (raw; the rules validate them)."""
+    meta = namespace.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    policy = annotations.get(ANNOTATION_COMPUTE_POLICY)
+    inject = labels.get(LABEL_INJECT)
+    if policy is None and inject is None:
+        return NO_NAMESPACE_FACTS
+    return NamespaceFacts(
+        compute_policy=policy if isinstance(policy, str) else None,
+        inject=inject if isinstance(inject, str) else None,
+    )
+
+
+def cluster_wanted(config: KubernetesConfig, env: Mapping[str, str]) -> bool:
+    """Whether to use the API: ``auto`` means in a cluster, or with a kubeconfig."""
+    if config.enabled == "auto":
+        return bool(
+            env.get("KUBERNETES_SERVICE_HOST") or config.kubeconfig or env.get("KUBECONFIG")
+        )
+    return bool(config.enabled)
+
+
+async def new_api_client(config: KubernetesConfig, env: Mapping[str, str]) -> k8s_client.ApiClient:
+    """An API client from the kubeconfig (flag/config, then ``KUBECONFIG``) or in-cluster."""
+    configuration = k8s_client.Configuration()
+    kubeconfig = config.kubeconfig or (Path(env["KUBECONFIG"]) if env.get("KUBECONFIG") else None)
+    try:
+        if kubeconfig is not None:
+            await k8s_config.load_kube_config(
+                config_file=str(kubeconfig), client_configuration=configuration
+            )
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except Exception as exc:
+        source = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
+        raise KubernetesUnavailableError(
+            f"cannot configure the Kubernetes client from the {source}: {exc}"
+        ) from exc
+    return k8s_client.ApiClient(configuration=configuration)
+
+
+class NamespaceCache:
+    """Watch-backed namespace facts; use as ``async with NamespaceCache(...) as cache``."""
+
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        *,
+        config: KubernetesConfig,
+        metrics: WebhookMetrics | None = None,
+        watch_timeout_s: int = WATCH_TIMEOUT_S,
+    ) -> None:
+        self._api = api
+        self._v1 = k8s_client.CoreV1Api(api)
+        self._config = config
+        self._metrics = metrics
+        self._watch_timeout_s = watch_timeout_s
+        self._cache: dict[str, NamespaceFacts] = {}
+        """Namespaces with metagpu settings."""
+        self._known: set[str] = set()
+        """Namespaces that exist but carry no metagpu settings (a hit, not a miss)."""
+        self._failed_until: dict[str, float] = {}
+        self._inflight: dict[str, asyncio.Task[NamespaceFacts]] = {}
+        self._synced = asyncio.Event()
+        self._gave_up = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> NamespaceCache:
+        self._tasks = [
+            asyncio.create_task(self._run(), name="metagpu-webhook-namespace-watch"),
+            asyncio.create_task(self._sync_deadline(), name="metagpu-webhook-namespace-sync"),
+        ]
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for task in [*self._tasks, *self._inflight.values()]:
+            task.cancel()
+        for task in [*self._tasks, *self._inflight.values()]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._api.close()
+
+    @property
+    def ready(self) -> bool:
+        return self._synced.is_set() or self._gave_up
+
+    @property
+    def status(self) -> str:
+        if self._synced.is_set():
+            return f"synced ({len(self._cache)} namespaces with metagpu settings)"
+        if self._gave_up:
+            return (
+                f"degraded: not synced after {self._config.initial_sync_timeout_s:g}s; "
+                "each lookup makes one GET"
+            )
+        return "syncing"
+
+    async def wait_synced(self) -> None:
+        """Wait until the initial list is in (tests; the server uses :attr:`ready`)."""
+        await self._synced.wait()
+
+    # --------------------------------------------------------------- lookup
+    async def facts(self, name: str) -> NamespaceFacts:
+        cached = self._cache.get(name)
+        if cached is not None:
+            self._count("cache")
+            return cached
+        if self._synced.is_set() and name in self._known:
+            self._count("cache")
+            return NO_NAMESPACE_FACTS
+        loop = asyncio.get_running_loop()
+        if self._failed_until.get(name, 0.0) > loop.time():
+            self._count("error")
+            return self._failure(name, "the last lookup failed moments ago")
+        task = self._inflight.get(name)
+        if task is None:
+            task = asyncio.create_task(self._get(name), name=f"metagpu-webhook-ns-get-{name}")
+            self._inflight[name] = task
+            task.add_done_callback(lambda _: self._inflight.pop(name, None))
+        return await asyncio.shield(task)
+
+    def _count(self, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.namespace_lookup(result)  # type: ignore[arg-type]
+
+    def _failure(self, name: str, why: str) -> NamespaceFacts:
+        return NamespaceFacts(
+            warnings=(
+                f"could not read namespace {name!r} ({why}); its {ANNOTATION_COMPUTE_POLICY} "
+                f"annotation and {LABEL_INJECT} label were not applied, the webhook defaults were",
+            )
+        )
+
+    async def _get(self, name: str) -> NamespaceFacts:
+        timeout_s = self._config.namespace_lookup_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = _raw(
+                    await self._v1.read_namespace(
+                        name,
+                        _preload_content=False,
+                        _request_timeout=aiohttp.ClientTimeout(total=timeout_s),
+                    )
+                )
+                try:
+                    body = await resp.read()
+                finally:
+                    resp.release()
+        except TimeoutError:
+            return self._failed(name, f"timed out after {timeout_s:g}s")
+        except (aiohttp.ClientError, OSError) as exc:
+            return self._failed(name, f"API unreachable: {exc}")
+        if resp.status != 200:
+            return self._failed(name, f"HTTP {resp.status}: {_status_message(body)}")
+        try:
+            namespace = json.loads(body)
+        except ValueError:
+            return self._failed(name, "the API answered with something that is not JSON")
+        facts = facts_of(namespace)
+        self._remember(name, facts)
+        self._count("get")
+        return facts
+
+    def _failed(self, name: str, why: str) -> NamespaceFacts:
+        logger.warning(
+            "namespace lookup failed; using the webhook defaults for it",
+            extra={"namespace": name, "reason": why},
+        )
+        self._failed_until[name] = asyncio.get_running_loop().time() + FAILURE_RETRY_S
+        self._count("error")
+        return self._failure(name, why)
+
+    def _remember(self, name: str, facts: NamespaceFacts) -> None:
+        if facts is NO_NAMESPACE_FACTS:
+            self._cache.pop(name, None)
+            self._known.add(name)
+        else:
+            self._cache[name] = facts
+
+    def _forget(self, name: str) -> None:
+        self._cache.pop(name, None)
+        self._known.discard(name)
+
+    # ---------------------------------------------------------- list/watch
+    async def _sync_deadline(self) -> None:
+        try:
+            await asyncio.wait_for(self._synced.wait(), self._config.initial_sync_timeout_s)
+        except TimeoutError:
+            self._gave_up = True
+            logger.warning(
+                "namespace cache has not synced; reporting ready anyway: each namespace "
+                "lookup makes one bounded GET and falls back to the config defaults on failure",
+                extra={"after_s": self._config.initial_sync_timeout_s},
+            )
+
+    async def _run(self) -> None:
+        delay = BACKOFF_S[0]
+        while True:
+            try:
+                rv: str | None = await self._list()
+                delay = BACKOFF_S[0]
+                while rv is not None:
+                    rv = await self._watch(rv)
+                # rv None: 410 Gone, the history we need is compacted; list again
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning(
+                    "namespace list/watch failed; retrying",
+                    extra={"error": f"{type(exc).__name__}: {exc}", "retry_in_s": delay},
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_S[1])
+
+    async def _list(self) -> str:
+        resp = _raw(
+            await self._v1.list_namespace(
+                _preload_content=False, _request_timeout=aiohttp.ClientTimeout(total=60)
+            )
+        )
+        try:
+            body = await resp.read()
+        finally:
+            resp.release()
+        if resp.status != 200:
+            raise RuntimeError(f"list namespaces: HTTP {resp.status}: {_status_message(body)}")
+        data = json.loads(body)
+        cache: dict[str, NamespaceFacts] = {}
+        known: set[str] = set()
+        for item in data.get("items") or []:
+            name = (item.get("metadata") or {}).get("name")
+            if not isinstance(name, str):
+                continue
+            facts = facts_of(item)
+            if facts is NO_NAMESPACE_FACTS:
+                known.add(name)
+            else:
+                cache[name] = facts
+        self._cache, self._known = cache, known
+        if not self._synced.is_set():
+            self._synced.set()
+            logger.info("namespace cache synced", extra={"namespaces": len(cache) + len(known)})
+        rv = (data.get("metadata") or {}).get("resourceVersion")
+        return str(rv or "")
+
+    async def _watch(self, rv: str) -> str | None:
+        """Follow changes from ``rv``; the rv to continue from, or None to re-list."""
+        resp = _raw(
+            await self._v1.list_namespace(
+                watch=True,
+                resource_version=rv,
+                timeout_seconds=self._watch_timeout_s,
+                allow_watch_bookmarks=True,
+                _preload_content=False,
+                _request_timeout=aiohttp.ClientTimeout(sock_read=self._watch_timeout_s + 30),
+            )
+        )
+        try:
+            if resp.status == 410:
+                return None
+            if resp.status != 200:
+                body = await resp.read()
+                raise RuntimeError(f"watch namespaces: HTTP {resp.status}: {_status_message(body)}")
+            async for line in resp.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        return None
+                    raise RuntimeError(f"watch namespaces: {obj.get('message', obj)}")
+                meta = obj.get("metadata") or {}
+                rv = str(meta.get("resourceVersion") or rv)
+                name = meta.get("name")
+                if kind in ("ADDED", "MODIFIED") and isinstance(name, str):
+                    self._known.discard(name)
+                    self._remember(name, facts_of(obj))
+                elif kind == "DELETED" and isinstance(name, str):
+                    self._forget(name)
+        finally:
+            resp.release()
+        return rv
+
+
+def _raw(response: object) -> aiohttp.ClientResponse:
+    """With ``_preload_content=False`` the generated client returns the aiohttp response
+    (its annotations say otherwise); reading it ourselves skips model deserialisation."""
+    return cast(aiohttp.ClientResponse, response)
+
+
+def _status_message(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body[:200].decode(errors="replace")
+    if isinstance(data, dict) and isinstance(data.get("message"), str):
+        return str(data["message"])
+    return body[:200].decode(errors="replace")
+
+
+async def open_namespace_source(
+    config: KubernetesConfig,
+    *,
+    metrics: WebhookMetrics | None = None,
+    env: Mapping[str, str] | None = None,
+) -> NamespaceCache | StaticNamespaces:
+    """The source to use for ``config``: a cache when a cluster is wanted and usable.
+
+    With ``enabled: auto`` a broken kubeconfig degrades to config alone (logged);
+    with ``enabled: true`` it raises :class:`KubernetesUnavailableError`.
+    """
+    env = os.environ if env is None else env
+    if not cluster_wanted(config, env):
+        logger.info("no Kubernetes cluster configured; namespace annotations are not read")
+        return StaticNamespaces(metrics)
+    try:
+        api = await new_api_client(config, env)
+    except KubernetesUnavailableError:
+        if config.enabled is True:
+            raise
+        logger.warning(
+            "Kubernetes client could not be configured; running on config alone",
+            exc_info=True,
+        )
+        return StaticNamespaces(metrics)
+    return NamespaceCache(api, config=config, metrics=metrics)

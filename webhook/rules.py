@@ -1,0 +1,435 @@
+"""The webhook's rules: a pod (or a workload's pod template) in, a patch or a denial out.
+
+Pure: plain dicts as the API server sends them, a :class:`RuleSettings` built
+once from the config, and the :class:`NamespaceFacts` the adapter looked up.
+No I/O, no clock, no aiohttp, so every rule is tested on dicts and
+``metagpu mutate`` applies exactly what the webhook would.
+
+The rules (numbers as in ``docs/webhook.md``):
+
+1. GPU fractions in ``resources`` become whole units of the metagpu resource,
+   in limits *and* requests; what cannot be converted exactly is denied
+   (:mod:`webhook.conversion`).
+2. Pods that use metagpu get the GPU-node tolerations they lack.
+3. ... and ``runtimeClassName`` when they have none.
+4. ... and a compute policy: annotation, ``METAGPU_COMPUTE_POLICY``, and for
+   ``fixed`` an MPS thread cap (:mod:`webhook.environment`).
+5. Hardening: GPU containers may not pick their own GPUs or be privileged;
+   containers without a GPU under the nvidia runtime see none
+   (:mod:`webhook.environment`).
+6. Everything else is left alone; ``metagpu.io/inject: "false"`` opts out.
+7. Idempotent: the rules applied to their own output produce no patch, which
+   is what makes ``reinvocationPolicy: IfNeeded`` safe.
+8. A mutated pod records what it asked for in ``metagpu.io/original-request``.
+9. Workload pod templates get rule 1, so a Deployment asking for ``0.5`` is
+   not refused at the workload level before any pod exists.
+
+Patches are built operation by operation, never by diffing two documents: it
+is several times faster than ``jsonpatch.make_patch``, and the operations say
+exactly what changed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from plugin.api.resources import (
+    ANNOTATION_COMPUTE_POLICY,
+    ANNOTATION_ORIGINAL_REQUEST,
+    COMPUTE_POLICIES,
+)
+from webhook.config import ComputePolicy
+from webhook.conversion import check_pod_resources, plan_gpu
+from webhook.environment import (
+    EnvEdit,
+    add_policy_env,
+    check_gpu_container,
+    check_no_gpu_container,
+    share_percent,
+    void_no_gpu_container,
+)
+from webhook.model import (
+    NO_NAMESPACE_FACTS,
+    UNCHANGED,
+    Decision,
+    Denial,
+    DenialReason,
+    Findings,
+    Mutation,
+    NamespaceFacts,
+    Obj,
+    PatchOperation,
+    PodShapeError,
+    RuleSettings,
+    add_op,
+    annotations_of,
+    as_list,
+    as_map,
+    container_list,
+    containers,
+    escape_pointer,
+    opted_out,
+)
+
+__all__ = [
+    "NO_NAMESPACE_FACTS",
+    "UNCHANGED",
+    "WORKLOAD_TEMPLATE_PATHS",
+    "Decision",
+    "Denial",
+    "Mutation",
+    "NamespaceFacts",
+    "PatchOperation",
+    "PodShapeError",
+    "RuleSettings",
+    "mutate_ephemeral_containers",
+    "mutate_pod",
+    "mutate_workload",
+    "share_percent",
+]
+
+WORKLOAD_TEMPLATE_PATHS: Final[dict[tuple[str, str], tuple[str, ...]]] = {
+    ("apps", "Deployment"): ("spec", "template"),
+    ("apps", "StatefulSet"): ("spec", "template"),
+    ("apps", "DaemonSet"): ("spec", "template"),
+    ("apps", "ReplicaSet"): ("spec", "template"),
+    ("", "ReplicationController"): ("spec", "template"),
+    ("batch", "Job"): ("spec", "template"),
+    ("batch", "CronJob"): ("spec", "jobTemplate", "spec", "template"),
+}
+"""Where each workload kind keeps its pod template (rule 9), by (group, kind)."""
+
+
+# ------------------------------------------------------------ entry points
+def mutate_pod(
+    pod: Obj, *, settings: RuleSettings, namespace: NamespaceFacts = NO_NAMESPACE_FACTS
+) -> Decision:
+    """Rules 1-8 for a Pod being created."""
+    meta = as_map(pod.get("metadata"), "metadata")
+    spec = as_map(pod.get("spec"), "spec")
+    findings = Findings()
+    pod_containers = list(containers(spec, "/spec"))
+
+    if opted_out(meta, namespace):
+        # No mutation and no conversion: the pod is not ours. But a label any pod
+        # author can set must not switch off the checks that keep one pod away
+        # from another pod's GPU, so those still deny.
+        for c in pod_containers:
+            plan = plan_gpu(c, settings=settings, findings=Findings())
+            if plan.units:
+                check_gpu_container(
+                    EnvEdit.of(c),
+                    resource=plan.resource,
+                    settings=settings,
+                    findings=findings,
+                    may_strip=False,
+                )
+        return _decide(findings, [], namespace=namespace)
+
+    plans = [plan_gpu(c, settings=settings, findings=findings) for c in pod_containers]
+    check_pod_resources(spec, settings=settings, findings=findings)
+    uses_metagpu = any(p.units for p in plans)
+    ops: list[PatchOperation] = []
+    for plan in plans:
+        ops.extend(plan.resource_ops)
+        findings.warnings.extend(plan.warnings)
+
+    runtime_class = spec.get("runtimeClassName")
+    policy: ComputePolicy | None = None
+    annotations: dict[str, str] = {}
+    if uses_metagpu:
+        ops.extend(_toleration_ops(spec, settings.tolerations))
+        if not runtime_class and settings.runtime_class_name:
+            runtime_class = settings.runtime_class_name
+            ops.append(add_op("/spec/runtimeClassName", runtime_class))
+        policy = _resolve_policy(meta, namespace, settings, findings)
+        if policy is not None and annotations_of(meta).get(ANNOTATION_COMPUTE_POLICY) is None:
+            annotations[ANNOTATION_COMPUTE_POLICY] = policy
+
+    void = settings.void_non_gpu_containers and runtime_class == settings.void_runtime_class
+    if not uses_metagpu and not void:
+        return _decide(findings, ops, namespace=namespace)  # most pods: nothing of ours
+    for plan in plans:
+        edit = EnvEdit.of(plan.container)
+        if plan.units:
+            check_gpu_container(
+                edit, resource=plan.resource, settings=settings, findings=findings, may_strip=True
+            )
+            if policy is not None:
+                add_policy_env(
+                    edit, units=plan.units, policy=policy, settings=settings, findings=findings
+                )
+        elif plan.has_gpu:
+            continue  # whole NVIDIA GPUs: NVIDIA's plugin decides what it sees
+        elif void:
+            void_no_gpu_container(
+                edit, settings=settings, findings=findings, pod_uses_metagpu=uses_metagpu
+            )
+        elif uses_metagpu:
+            check_no_gpu_container(edit, settings=settings, findings=findings, may_strip=True)
+        ops.extend(edit.ops())
+
+    record = {p.container.name: p.original for p in plans if p.original}
+    return _decide(
+        findings,
+        ops,
+        namespace=namespace,
+        meta=_MetaChange("/metadata", meta, annotations, record),
+    )
+
+
+def mutate_ephemeral_containers(
+    pod: Obj,
+    *,
+    old_pod: Obj | None,
+    settings: RuleSettings,
+    namespace: NamespaceFacts = NO_NAMESPACE_FACTS,
+) -> Decision:
+    """Rule 5 for the ``pods/ephemeralcontainers`` subresource (``kubectl debug``).
+
+    Ephemeral containers cannot request resources, so they are never GPU
+    containers; but a debug container that sets ``NVIDIA_VISIBLE_DEVICES`` in a
+    GPU pod could see every GPU on the node. Only containers being added are
+    checked: the API server refuses changes to existing ones anyway.
+    """
+    meta = as_map(pod.get("metadata"), "metadata")
+    spec = as_map(pod.get("spec"), "spec")
+    findings = Findings()
+    existing: set[str] = set()
+    if old_pod is not None:
+        old_spec = as_map(old_pod.get("spec"), "oldObject.spec")
+        existing = {c.name for c in container_list(old_spec, "ephemeralContainers", "/spec")}
+    uses_metagpu = any(
+        plan_gpu(c, settings=settings, findings=Findings()).units for c in containers(spec, "/spec")
+    )
+    is_opted_out = opted_out(meta, namespace)
+    void = (
+        not is_opted_out
+        and settings.void_non_gpu_containers
+        and spec.get("runtimeClassName") == settings.void_runtime_class
+    )
+    ops: list[PatchOperation] = []
+    new = container_list(spec, "ephemeralContainers", "/spec", label="ephemeral container")
+    for c in new:
+        if c.name in existing:
+            continue
+        edit = EnvEdit.of(c)
+        if void:
+            void_no_gpu_container(
+                edit, settings=settings, findings=findings, pod_uses_metagpu=uses_metagpu
+            )
+        elif uses_metagpu:
+            check_no_gpu_container(
+                edit, settings=settings, findings=findings, may_strip=not is_opted_out
+            )
+        ops.extend(edit.ops())
+    return _decide(findings, ops, namespace=namespace)
+
+
+def mutate_workload(
+    obj: Obj,
+    *,
+    group: str,
+    kind: str,
+    settings: RuleSettings,
+    namespace: NamespaceFacts = NO_NAMESPACE_FACTS,
+) -> Decision:
+    """Rule 9: rule 1 applied to a workload's pod template (CREATE and UPDATE).
+
+    The API server validates the template at the workload level, so ``500m``
+    there is refused before any pod exists. Only the conversion (and its
+    denials) happens here; tolerations, runtime class, policy and hardening
+    come from the pod rules when the controller creates the pods. The template
+    also gets the ``original-request`` record, which its pods inherit.
+    """
+    path = WORKLOAD_TEMPLATE_PATHS.get((group, kind))
+    if path is None:
+        return UNCHANGED
+    template: Any = obj
+    for key in path:
+        template = template.get(key) if isinstance(template, Mapping) else None
+    if template is None:
+        return UNCHANGED  # e.g. a ReplicationController without a template
+    where = ".".join(path)
+    template = as_map(template, where)
+    meta = as_map(template.get("metadata"), where, ".metadata")
+    spec = as_map(template.get("spec"), where, ".spec")
+    findings = Findings()
+    if opted_out(meta, namespace):
+        return _decide(findings, [], namespace=namespace)
+    base = "/" + "/".join(path)
+    ops: list[PatchOperation] = []
+    record: dict[str, dict[str, str]] = {}
+    for c in containers(spec, base + "/spec"):
+        plan = plan_gpu(c, settings=settings, findings=findings)
+        ops.extend(plan.resource_ops)
+        findings.warnings.extend(f"{kind} template: {w}" for w in plan.warnings)
+        if plan.resource_ops:
+            record[c.name] = plan.original
+    if not ops:
+        return _decide(findings, [], namespace=namespace)
+    meta_change = _MetaChange(base + "/metadata", meta, {}, record)
+    return _decide(findings, ops, namespace=namespace, meta=meta_change)
+
+
+# -------------------------------------------------------------- decision
+@dataclass(frozen=True)
+class _MetaChange:
+    """Annotations to add to the object's (or template's) metadata when it changes."""
+
+    base: str
+    meta: Obj
+    annotations: dict[str, str]
+    record: dict[str, dict[str, str]]
+
+
+def _decide(
+    findings: Findings,
+    ops: list[PatchOperation],
+    *,
+    namespace: NamespaceFacts,
+    meta: _MetaChange | None = None,
+) -> Decision:
+    """Deny with every problem found, or allow with the operations (plus rule 8).
+
+    Why the namespace could not be read is only worth a warning when the answer
+    depended on it, i.e. when something was changed or refused: a pod that asks
+    for no GPU should not print a metagpu warning on every ``kubectl run``.
+    """
+    if findings.problems:
+        messages = dict.fromkeys(m for m, _ in findings.problems)
+        reason: DenialReason = (
+            "Forbidden" if any(r == "Forbidden" for _, r in findings.problems) else "Invalid"
+        )
+        return Denial(
+            message="; ".join(messages),
+            reason=reason,
+            warnings=tuple(dict.fromkeys([*namespace.warnings, *findings.warnings])),
+        )
+    if meta is not None and (ops or meta.annotations):
+        annotations = dict(meta.annotations)
+        recorded = _merged_record(annotations_of(meta.meta), meta.record, findings)
+        if recorded is not None:
+            annotations[ANNOTATION_ORIGINAL_REQUEST] = recorded
+        ops = [*ops, *_annotation_ops(meta.base, meta.meta, annotations)]
+    if not ops and not findings.warnings:
+        return UNCHANGED
+    warnings = [*namespace.warnings, *findings.warnings] if ops else findings.warnings
+    return Mutation(patch=tuple(ops), warnings=tuple(dict.fromkeys(warnings)))
+
+
+# -------------------------------------------------------------- rules 2-4
+def _tolerates(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """True when ``existing`` tolerates every taint that ``wanted`` tolerates.
+
+    So an ``operator: Exists`` toleration without a key (MetaGPU's own example
+    pod has one) covers everything, and nothing is added twice.
+    """
+    effect = existing.get("effect") or ""
+    if effect and effect != (wanted.get("effect") or ""):
+        return False
+    seconds = existing.get("tolerationSeconds")
+    if seconds is not None and (wanted.get("effect") or "NoExecute") == "NoExecute":
+        wanted_seconds = wanted.get("tolerationSeconds")
+        if wanted_seconds is None or seconds < wanted_seconds:
+            return False  # evicted sooner than the configured toleration allows
+    key = existing.get("key") or ""
+    operator = existing.get("operator") or "Equal"
+    if not key:
+        return operator == "Exists"
+    if key != (wanted.get("key") or ""):
+        return False
+    if operator == "Exists":
+        return True
+    return (wanted.get("operator") or "Equal") == "Equal" and (existing.get("value") or "") == (
+        wanted.get("value") or ""
+    )
+
+
+def _toleration_ops(spec: Obj, wanted: Sequence[Mapping[str, Any]]) -> list[PatchOperation]:
+    current = spec.get("tolerations")
+    existing = [t for t in as_list(current, "spec.tolerations") if isinstance(t, Mapping)]
+    missing = [dict(w) for w in wanted if not any(_tolerates(t, w) for t in existing)]
+    if not missing:
+        return []
+    if current is None:
+        return [add_op("/spec/tolerations", missing)]
+    return [add_op("/spec/tolerations/-", t) for t in missing]
+
+
+def _resolve_policy(
+    meta: Obj, namespace: NamespaceFacts, settings: RuleSettings, findings: Findings
+) -> ComputePolicy | None:
+    """The pod's own annotation, else its namespace's, else the config default.
+
+    A bad value on the pod is the author's to fix (denied); a bad value on the
+    namespace is not, so it falls back to the default with a warning.
+    """
+    own = annotations_of(meta).get(ANNOTATION_COMPUTE_POLICY)
+    if own is not None:
+        if own in COMPUTE_POLICIES:
+            return own  # type: ignore[no-any-return]
+        findings.deny(
+            f"pod annotation {ANNOTATION_COMPUTE_POLICY} must be one of "
+            f"{', '.join(COMPUTE_POLICIES)}: got {own!r}"
+        )
+        return None
+    ns_value = namespace.compute_policy
+    if ns_value is not None:
+        if ns_value in COMPUTE_POLICIES:
+            return ns_value  # type: ignore[return-value]
+        findings.warn(
+            f"namespace annotation {ANNOTATION_COMPUTE_POLICY}={ns_value!r} is not one of "
+            f"{', '.join(COMPUTE_POLICIES)}; using the default {settings.default_compute_policy!r}"
+        )
+    return settings.default_compute_policy
+
+
+# ---------------------------------------------------------- rule 8 + meta
+_RECORD_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+
+
+def _merged_record(
+    annotations: Obj, record: dict[str, dict[str, str]], findings: Findings
+) -> str | None:
+    """The ``original-request`` value after this run, or None when it need not change.
+
+    An earlier record wins for a container it already names: after a
+    Deployment's template was converted, its pods arrive with units, and the
+    record inherited from the template still says what the user wrote.
+    """
+    old = annotations.get(ANNOTATION_ORIGINAL_REQUEST)
+    merged: dict[str, Any] = {}
+    if old is not None:
+        try:
+            parsed = json.loads(old) if isinstance(old, str) else None
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            merged = parsed
+        else:
+            findings.warn(
+                f"annotation {ANNOTATION_ORIGINAL_REQUEST} was not a JSON object; replaced it"
+            )
+    for name, original in record.items():
+        merged.setdefault(name, original)
+    text = _RECORD_ENCODER.encode(merged)
+    return None if text == old else text
+
+
+def _annotation_ops(base: str, meta: Obj, annotations: Mapping[str, str]) -> list[PatchOperation]:
+    """Add annotations, creating ``metadata``/``annotations`` when missing, null or empty.
+
+    RFC 6902 ``add`` replaces an existing member, so adding a whole map over an
+    empty (or null) one loses nothing.
+    """
+    if not annotations:
+        return []
+    if not meta:
+        return [add_op(base, {"annotations": dict(annotations)})]
+    if not meta.get("annotations"):
+        return [add_op(base + "/annotations", dict(annotations))]
+    return [add_op(f"{base}/annotations/{escape_pointer(k)}", v) for k, v in annotations.items()]

@@ -1,0 +1,430 @@
+"""The HTTPS shell around the rules (adapter): app factory, handlers, TLS, runner.
+
+``POST /mutate`` decodes an AdmissionReview, looks up the namespace facts (the
+only I/O), calls :func:`webhook.admission.admit` and encodes the answer.
+``GET /healthz`` (the process answers), ``/readyz`` (namespace cache synced or
+given up on, not draining) and ``/metrics`` (Prometheus) share the port and
+the certificate: the kubelet probes with ``scheme: HTTPS`` and skips
+verification.
+
+Two error channels, as in kopf's ``_serve``:
+
+* the *review* is unusable (not JSON, wrong ``Content-Type``, larger than
+  ``max_body_bytes``, not ``admission.k8s.io/v1``, an object that is not shaped
+  like its kind): HTTP 400 with a plain-text message. The API server reports it
+  as a webhook failure; the server stays up.
+* the *pod* breaks policy: HTTP 200, ``allowed: false`` and ``status.message``,
+  which kubectl shows the user as the reason.
+
+TLS: :class:`certs.tls.ReloadingTLS` builds the listener's context once and
+points every new handshake at the newest good certificate, so a rotated
+Secret is served without a restart and without touching open connections; a
+``cleanup_ctx`` task polls the files. Without ``tls.cert_file`` the embedded
+default generates (or reuses) a local CA (:mod:`webhook.embedded`).
+
+Shutdown (after SIGTERM, handled once at the top by the CLI): readiness turns
+503, the listener keeps accepting for ``drain_delay_s`` (endpoints take a
+moment to drop the pod), then aiohttp stops accepting, closes idle keep-alive
+connections and waits up to ``shutdown_timeout_s`` for in-flight requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import gc
+import json
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+from aiohttp import web
+
+from certs.tls import ReloadingTLS, ServingPair
+from webhook.admission import admit, classify, namespace_to_look_up
+from webhook.config import WebhookConfig
+from webhook.embedded import ensure_local_bundle
+from webhook.metrics import METRICS_CONTENT_TYPE, Outcome, WebhookMetrics
+from webhook.model import NO_NAMESPACE_FACTS, Denial, PodShapeError, RuleSettings
+from webhook.namespaces import NamespaceSource, open_namespace_source
+from webhook.review import (
+    AdmissionRequest,
+    ReviewError,
+    decode_review,
+    encode_response,
+)
+
+logger = logging.getLogger(__name__)
+
+MUTATE_PATH: Final = "/mutate"
+JSON: Final = "application/json"
+
+
+@dataclass
+class WebhookState:
+    """Everything the handlers share; one per app, stored under :data:`STATE_KEY`."""
+
+    config: WebhookConfig
+    settings: RuleSettings
+    metrics: WebhookMetrics
+    tls: ReloadingTLS | None = None
+    namespaces: NamespaceSource | None = None
+    """Set by the app's start-up (or injected by tests); None before start-up."""
+    draining: bool = False
+    env: Mapping[str, str] | None = None
+    """Environment for ``kubernetes.enabled: auto`` detection (``os.environ`` when None)."""
+
+
+STATE_KEY: Final = web.AppKey("metagpu_webhook_state", WebhookState)
+
+
+def create_app(state: WebhookState) -> web.Application:
+    """The aiohttp application: routes, state, and the background tasks' lifecycles."""
+    app = web.Application(client_max_size=state.config.max_body_bytes)
+    app[STATE_KEY] = state
+    app.router.add_post(MUTATE_PATH, handle_mutate)
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get("/metrics", handle_metrics)
+    app.cleanup_ctx.append(_namespace_source)
+    if state.tls is not None:
+        app.cleanup_ctx.append(_certificate_watch)
+    return app
+
+
+# ------------------------------------------------------------ handlers
+async def handle_mutate(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    started = time.perf_counter()
+    max_bytes = state.config.max_body_bytes
+    # The API server sends exactly "application/json": compare the raw header first and
+    # parse it (parameters such as charset are fine) only when it differs.
+    if request.headers.get("Content-Type") != JSON and request.content_type != JSON:
+        given = request.headers.get("Content-Type")
+        return _bad_request(
+            state, started, f"Content-Type must be {JSON} (an AdmissionReview), got {given!r}"
+        )
+    if request.content_length is not None and request.content_length > max_bytes:
+        return _bad_request(state, started, _too_large(request.content_length, max_bytes))
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _bad_request(state, started, _too_large(None, max_bytes))
+    try:
+        review = decode_review(body)
+    except ReviewError as exc:
+        return _bad_request(state, started, str(exc))
+
+    try:
+        return await _answer(state, review, started)
+    except Exception:
+        # A bug, not a bad review: say so (500), count it, keep serving.
+        logger.exception("internal error while reviewing", extra=_ref(review))
+        state.metrics.observe("error", classify(review), time.perf_counter() - started)
+        return web.Response(
+            status=500, text=f"internal error reviewing uid {review['uid']}; see the webhook log\n"
+        )
+
+
+async def _answer(state: WebhookState, review: AdmissionRequest, started: float) -> web.Response:
+    """The decision for a checked review, as an HTTP response (200, or 400 for a bad object)."""
+    target = classify(review)
+    ns_name = namespace_to_look_up(review)
+    facts = NO_NAMESPACE_FACTS
+    if ns_name is not None and state.namespaces is not None:
+        facts = await state.namespaces.facts(ns_name)
+    try:
+        decision = admit(review, settings=state.settings, namespace=facts)
+    except PodShapeError as exc:
+        kind = review["kind"]["kind"]
+        return _bad_request(state, started, f"request.object is not a valid {kind}: {exc}")
+
+    body = encode_response(review["uid"], decision)
+    outcome: Outcome
+    if isinstance(decision, Denial):
+        outcome = "denied"
+        logger.info("denied: %s", decision.message, extra=_ref(review, reason=decision.reason))
+    elif decision.patch:
+        outcome = "allowed-mutated"
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "mutated", extra=_ref(review, operations=len(decision.patch), dry_run=_dry(review))
+            )
+    else:
+        outcome = "allowed-unchanged"
+    state.metrics.observe(outcome, target, time.perf_counter() - started)
+    return web.Response(body=body, content_type=JSON)
+
+
+async def handle_healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def handle_readyz(request: web.Request) -> web.Response:
+    """200 when the namespace cache is synced (or gave up waiting) and not draining."""
+    state = request.app[STATE_KEY]
+    namespaces = state.namespaces
+    ready = not state.draining and namespaces is not None and namespaces.ready
+    report: dict[str, object] = {
+        "ready": ready,
+        "draining": state.draining,
+        "namespaces": namespaces.status if namespaces is not None else "starting",
+    }
+    if state.tls is not None:
+        info = state.tls.current.info
+        report["tls"] = {"serial": f"{info.serial:x}", "not_after": info.not_after.isoformat()}
+    return web.Response(
+        text=json.dumps(report) + "\n", status=200 if ready else 503, content_type=JSON
+    )
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    return web.Response(
+        body=state.metrics.exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+    )
+
+
+def _bad_request(state: WebhookState, started: float, message: str) -> web.Response:
+    logger.warning("refused a request that is not a usable AdmissionReview: %s", message)
+    state.metrics.observe("error", "invalid", time.perf_counter() - started)
+    return web.Response(status=400, text=message + "\n")
+
+
+def _too_large(length: int | None, limit: int) -> str:
+    size = f" ({length} bytes)" if length is not None else ""
+    return f"request body{size} is larger than max_body_bytes ({limit} bytes)"
+
+
+def _dry(review: Mapping[str, object]) -> bool:
+    return review.get("dryRun") is True
+
+
+def _ref(review: Mapping[str, object], **more: object) -> dict[str, object]:
+    """Object reference fields for ``extra=`` (kopf's ``k8s_ref``)."""
+    kind = review.get("kind")
+    return {  # never "name", "msg", ...: LogRecord refuses extras that shadow its own fields
+        "uid": review.get("uid"),
+        "kind": kind.get("kind") if isinstance(kind, dict) else None,
+        "namespace": review.get("namespace"),
+        "object_name": review.get("name") or "",
+        **more,
+    }
+
+
+# ---------------------------------------------------- background lifecycles
+async def _namespace_source(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE_KEY]
+    if state.namespaces is not None:  # injected (tests): its owner manages its lifecycle
+        yield
+        return
+    source = await open_namespace_source(
+        state.config.kubernetes, metrics=state.metrics, env=state.env
+    )
+    async with source:
+        state.namespaces = source
+        yield
+
+
+async def _certificate_watch(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE_KEY]
+    assert state.tls is not None
+    task = asyncio.create_task(
+        state.tls.watch(interval_s=state.config.tls.reload_interval_s),
+        name="metagpu-webhook-cert-watch",
+    )
+    task.add_done_callback(_log_unexpected_exit)
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error(
+            "certificate watch stopped; rotated certificates will not be picked up",
+            exc_info=task.exception(),
+        )
+
+
+# ---------------------------------------------------------------- running
+@dataclass
+class RunningWebhook:
+    """A started webhook: where it listens and what it serves."""
+
+    url: str
+    """``https://HOST:PORT`` to reach it (a wildcard listen address becomes loopback)."""
+    host: str
+    port: int
+    ca_file: Path | None
+    """The generated CA (embedded default), or None when certificates were given."""
+    tls: ReloadingTLS
+    app: web.Application
+    state: WebhookState = field(repr=False)
+
+    @property
+    def mutate_url(self) -> str:
+        return self.url + MUTATE_PATH
+
+    @property
+    def metrics(self) -> WebhookMetrics:
+        return self.state.metrics
+
+
+class running_webhook:  # noqa: N801 - used like a function: `async with running_webhook(c)`
+    """Start the webhook for ``config``; stop it (draining) when the block exits.
+
+    A class rather than an async generator so the socket is closed when the
+    ``async with`` exits, not when a generator is garbage collected (kopf's
+    ``webhacks`` works around exactly that).
+    """
+
+    def __init__(
+        self,
+        config: WebhookConfig,
+        *,
+        namespaces: NamespaceSource | None = None,
+        clock: Callable[[], dt.datetime] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._config = config
+        self._namespaces = namespaces
+        self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self._env = env
+        self._runner: web.AppRunner | None = None
+        self._running: RunningWebhook | None = None
+
+    async def __aenter__(self) -> RunningWebhook:
+        config = self._config
+        metrics = WebhookMetrics()
+        ca_file: Path | None = None
+        cert_file, key_file = config.tls.cert_file, config.tls.key_file
+        if cert_file is None or key_file is None:
+            bundle = await asyncio.to_thread(
+                ensure_local_bundle, config.tls.generate_dir, now=self._clock()
+            )
+            cert_file, key_file, ca_file = (
+                bundle.paths.cert_file,
+                bundle.paths.key_file,
+                bundle.paths.ca_file,
+            )
+
+        def on_reload(pair: ServingPair) -> None:
+            metrics.cert_not_after.set(pair.info.not_after.timestamp())
+            metrics.cert_reloads.inc()
+
+        tls = ReloadingTLS(cert_file, key_file, clock=self._clock, on_reload=on_reload)
+        metrics.cert_not_after.set(tls.current.info.not_after.timestamp())
+        state = WebhookState(
+            config=config,
+            settings=RuleSettings.from_config(config),
+            metrics=metrics,
+            tls=tls,
+            namespaces=self._namespaces,
+            env=self._env,
+        )
+        app = create_app(state)
+        runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=config.shutdown_timeout_s,
+        )
+        await runner.setup()
+        self._runner = runner
+        try:
+            site = web.TCPSite(runner, config.host, config.port, ssl_context=tls.server_context)
+            await site.start()
+        except BaseException:
+            await asyncio.shield(runner.cleanup())
+            raise
+        port = int(runner.addresses[0][1])
+        url = f"https://{_url_host(config.host)}:{port}"
+        logger.info(
+            "serving AdmissionReview v1",
+            extra={"url": url + MUTATE_PATH, "ca_file": str(ca_file) if ca_file else None},
+        )
+        self._running = RunningWebhook(
+            url=url, host=config.host, port=port, ca_file=ca_file, tls=tls, app=app, state=state
+        )
+        return self._running
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        runner, running = self._runner, self._running
+        self._runner = self._running = None
+        if runner is None:
+            return
+        if running is not None:
+            running.state.draining = True
+            delay = self._config.drain_delay_s
+            if delay > 0:
+                logger.info("draining: not ready, still serving", extra={"for_s": delay})
+                await asyncio.sleep(delay)
+        logger.info(
+            "stopping: finishing in-flight requests",
+            extra={"timeout_s": self._config.shutdown_timeout_s},
+        )
+        await asyncio.shield(runner.cleanup())
+        logger.info("stopped")
+
+
+def _url_host(host: str) -> str:
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+async def serve(
+    config: WebhookConfig, *, announce: Callable[[RunningWebhook], None] | None = None
+) -> int:
+    """Run until SIGTERM or SIGINT, then drain and return 0 (``metagpu webhook``).
+
+    Signals are handled here, once, at the top of the process (kopf's
+    ``running.py``); the runner is created with ``handle_signals=False``. A
+    second signal while draining is logged and otherwise ignored: the drain is
+    bounded by ``drain_delay_s + shutdown_timeout_s``.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            logger.warning(
+                "already stopping; waiting for in-flight requests", extra={"signal": sig.name}
+            )
+            return
+        logger.info("stopping on signal", extra={"signal": sig.name})
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        async with running_webhook(config) as hook:
+            # Everything that exists now (kubernetes-asyncio alone is thousands of
+            # classes) lives as long as the process. Freezing it keeps the
+            # collector's full passes from walking it again and again, which
+            # otherwise stalls the loop for ~40 ms every few thousand reviews
+            # (tests/benchmarks/webhook_load.py).
+            gc.collect()
+            gc.freeze()
+            if announce is not None:
+                announce(hook)
+            await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return 0
