@@ -1,0 +1,295 @@
+{{/*
+Names, labels and the pieces several templates share. Everything that two
+components must agree on (config file paths, the webhook's names, the TLS
+secret) is defined once here.
+*/}}
+
+{{- define "metagpu.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Object-name prefix. Kept to 40 characters so "<prefix>-certs-renew" and
+the CronJob's generated Job names stay within Kubernetes' limits. */}}
+{{- define "metagpu.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "metagpu.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "webhook"). */}}
+{{- define "metagpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "metagpu.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* All labels of one component's objects: (dict "root" $ "component" "webhook"). */}}
+{{- define "metagpu.labels" -}}
+{{ include "metagpu.selectorLabels" . }}
+app.kubernetes.io/part-of: metagpu
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ include "metagpu.chart" .root }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "metagpu.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ------------------------------------------------------------ names */}}
+{{- define "metagpu.webhook.fullname" -}}{{ include "metagpu.fullname" . }}-webhook{{- end -}}
+{{- define "metagpu.plugin.fullname" -}}{{ include "metagpu.fullname" . }}-plugin{{- end -}}
+{{- define "metagpu.certs.fullname" -}}{{ include "metagpu.fullname" . }}-certs{{- end -}}
+{{- define "metagpu.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "metagpu.webhook.fullname" .)) .Values.certs.secretName -}}
+{{- end -}}
+{{/* The serving Certificate (cert-manager mode); its namespace/name goes into
+cert-manager.io/inject-ca-from. */}}
+{{/* The MutatingWebhookConfiguration (cluster-scoped): the release's full name,
+which is also `metagpu certs bootstrap`'s default --webhook-config ("metagpu"). */}}
+{{- define "metagpu.webhookConfigName" -}}{{ include "metagpu.fullname" . }}{{- end -}}
+{{- define "metagpu.certificateName" -}}{{ include "metagpu.webhook.fullname" . }}{{- end -}}
+
+{{/* The two webhooks of the MutatingWebhookConfiguration. Pods and workloads
+are separate webhooks because their GPU requests live at different paths
+(spec vs spec.template.spec), and matchConditions apply to every rule of a
+webhook. Fixed names: `metagpu certs bootstrap --webhook` patches exactly these. */}}
+{{- define "metagpu.webhook.podsName" -}}pods.metagpu.io{{- end -}}
+{{- define "metagpu.webhook.workloadsName" -}}workloads.metagpu.io{{- end -}}
+
+{{/* Where config files and the serving certificate are mounted. Sibling
+directories, never one inside the other: a mount point cannot be created
+inside a read-only ConfigMap volume. */}}
+{{- define "metagpu.configDir" -}}/etc/metagpu/config{{- end -}}
+{{- define "metagpu.webhook.configFile" -}}/etc/metagpu/config/webhook.yaml{{- end -}}
+{{- define "metagpu.plugin.configFile" -}}/etc/metagpu/config/plugin.yaml{{- end -}}
+{{- define "metagpu.webhook.tlsDir" -}}/etc/metagpu/tls{{- end -}}
+
+{{/* In-container paths of the kubelet directories. Fixed, so the config does
+not change when the host's kubelet root does (the hostPath values). */}}
+{{- define "metagpu.plugin.devicePluginsMount" -}}/var/lib/kubelet/device-plugins{{- end -}}
+{{- define "metagpu.agent.podResourcesMount" -}}/var/lib/kubelet/pod-resources{{- end -}}
+
+{{/* ------------------------------------------------ resource contract */}}
+{{/* Names of the resources the plugin advertises: resourceName + extras (JSON list). */}}
+{{- define "metagpu.metagpuResourceNames" -}}
+{{- $names := list .Values.resourceName -}}
+{{- range .Values.plugin.extraResources -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- toJson ($names | uniq) -}}
+{{- end -}}
+
+{{/* Every resource name the webhook acts on (JSON list): the metagpu resources,
+the fraction resource names, and nvidia.com/gpu, which the webhook always
+inspects (a fraction there is invalid whether or not it converts it). The
+matchConditions are built from this. */}}
+{{- define "metagpu.gpuResourceNames" -}}
+{{- $names := include "metagpu.metagpuResourceNames" . | fromJsonArray -}}
+{{- $names = concat $names .Values.fractionResourceNames (list "nvidia.com/gpu") -}}
+{{- toJson ($names | uniq) -}}
+{{- end -}}
+
+{{/* Runtime classes whose pods the webhook must see (JSON list): it hides GPUs
+(NVIDIA_VISIBLE_DEVICES=void) from containers that ask for none in pods under
+runtimeClass.name, or under "nvidia" when the chart sets no runtime class. */}}
+{{- define "metagpu.runtimeClassNames" -}}
+{{- $names := list (default "nvidia" .Values.runtimeClass.name) -}}
+{{- $names = concat $names .Values.webhook.extraRuntimeClassNames -}}
+{{- toJson ($names | uniq) -}}
+{{- end -}}
+
+{{/* -------------------------------------------------------------- CEL */}}
+{{/* A CEL list literal of single-quoted strings. Resource and runtime class
+names cannot contain quotes (values.schema.json patterns). */}}
+{{- define "metagpu.cel.list" -}}
+{{- $quoted := list -}}
+{{- range . -}}
+{{- $quoted = append $quoted (printf "'%s'" .) -}}
+{{- end -}}
+[{{ join ", " $quoted }}]
+{{- end -}}
+
+{{/* "This pod spec mentions a GPU": (dict "root" $ "spec" "object.spec"
+"lists" (list "containers" ...)). Pod templates cannot hold ephemeral
+containers, so workloads pass only containers and initContainers.
+Every field is guarded with has() before it is read: the API server calls
+mutating webhooks before validation, so any optional field may be absent, and
+an evaluation error under failurePolicy Fail would reject the request. */}}
+{{- define "metagpu.cel.specMentionsGpu" -}}
+{{- $s := .spec -}}
+{{- $names := include "metagpu.cel.list" (include "metagpu.gpuResourceNames" .root | fromJsonArray) -}}
+{{- $container := printf "(has(c.resources) && ((has(c.resources.limits) && %s.exists(r, r in c.resources.limits)) || (has(c.resources.requests) && %s.exists(r, r in c.resources.requests))))" $names $names -}}
+{{- $clauses := list -}}
+{{- range .lists -}}
+{{- $clauses = append $clauses (printf "(has(%s.%s) && %s.%s.exists(c, %s))" $s . $s . $container) -}}
+{{- end -}}
+{{- $runtimeClasses := include "metagpu.runtimeClassNames" .root | fromJsonArray -}}
+{{- $clauses = append $clauses (printf "(has(%s.runtimeClassName) && %s.runtimeClassName in %s)" $s $s (include "metagpu.cel.list" $runtimeClasses)) -}}
+{{- join "\n|| " $clauses -}}
+{{- end -}}
+
+{{/* Guards for every prefix of a dotted path: "has(object.spec) && has(object.spec.template)". */}}
+{{- define "metagpu.cel.guards" -}}
+{{- $parts := splitList "." . -}}
+{{- $guards := list -}}
+{{- $path := first $parts -}}
+{{- range rest $parts -}}
+{{- $path = printf "%s.%s" $path . -}}
+{{- $guards = append $guards (printf "has(%s)" $path) -}}
+{{- end -}}
+{{- join " && " $guards -}}
+{{- end -}}
+
+{{- define "metagpu.cel.podMentionsGpu" -}}
+{{ include "metagpu.cel.guards" "object.spec" }} && (
+{{ include "metagpu.cel.specMentionsGpu" (dict "root" . "spec" "object.spec" "lists" (list "containers" "initContainers" "ephemeralContainers")) }}
+)
+{{- end -}}
+
+{{/* Workloads: the pod template of Deployments, StatefulSets, DaemonSets,
+ReplicaSets, ReplicationControllers and Jobs, or a CronJob's job template. */}}
+{{- define "metagpu.cel.workloadMentionsGpu" -}}
+({{ include "metagpu.cel.guards" "object.spec.template.spec" }} && (
+{{ include "metagpu.cel.specMentionsGpu" (dict "root" . "spec" "object.spec.template.spec" "lists" (list "containers" "initContainers")) }}
+))
+|| ({{ include "metagpu.cel.guards" "object.spec.jobTemplate.spec.template.spec" }} && (
+{{ include "metagpu.cel.specMentionsGpu" (dict "root" . "spec" "object.spec.jobTemplate.spec.template.spec" "lists" (list "containers" "initContainers")) }}
+))
+{{- end -}}
+
+{{/* ----------------------------------------------------------- configs */}}
+{{/* The webhook's config file (webhook.config.WebhookConfig). listen and tls
+come from flags (see the Deployment), so the file holds only policy. */}}
+{{- define "metagpu.webhook.config" -}}
+{{- $metagpu := include "metagpu.metagpuResourceNames" . | fromJsonArray -}}
+{{- $config := dict
+  "version" "v1"
+  "resource_name" .Values.resourceName
+  "extra_resource_names" (rest $metagpu)
+  "units_per_gpu" .Values.unitsPerGpu
+  "fraction_resource_names" .Values.fractionResourceNames
+  "convert_whole_gpus" .Values.webhook.convertWholeGpus
+  "max_gpus_per_container" .Values.webhook.maxGpusPerContainer
+  "tolerations" .Values.tolerations
+  "runtime_class_name" .Values.runtimeClass.name
+  "default_compute_policy" .Values.defaultComputePolicy
+  "visible_devices_policy" .Values.webhook.visibleDevicesPolicy
+  "deny_privileged" .Values.webhook.denyPrivileged
+  "void_non_gpu_containers" .Values.webhook.voidNonGpuContainers
+  "kubernetes" (dict "enabled" true "namespace_lookup_timeout_s" .Values.webhook.namespaceLookupTimeoutS)
+  "drain_delay_s" .Values.webhook.drainDelayS
+-}}
+{{- if not .Values.runtimeClass.name -}}
+{{- $_ := set $config "runtime_class_name" nil -}}
+{{- end -}}
+{{- include "metagpu.mergeExtraConfig" (dict "base" $config "extra" .Values.webhook.extraConfig "where" "webhook.extraConfig") -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/* The device plugin's and agent's config file (plugin.api.config.PluginConfig). */}}
+{{- define "metagpu.plugin.config" -}}
+{{- $resources := list (dict "name" .Values.resourceName "gpus" .Values.plugin.resourceGpus) -}}
+{{- $resources = concat $resources .Values.plugin.extraResources -}}
+{{- $agent := dict
+  "socket_dir" .Values.agent.socketDir
+  "pod_resources_socket" (printf "%s/kubelet.sock" (include "metagpu.agent.podResourcesMount" .))
+  "interval_s" .Values.agent.intervalS
+  "memory_enforcement" .Values.agent.memoryEnforcement
+  "kill_grace_s" .Values.agent.killGraceS
+  "label_node" .Values.agent.labelNode
+  "install_mgctl" .Values.agent.installMgctl
+  "metrics_listen" (printf "0.0.0.0:%d" (int .Values.agent.metricsPort))
+-}}
+{{- include "metagpu.mergeExtraConfig" (dict "base" $agent "extra" .Values.agent.extraConfig "where" "agent.extraConfig") -}}
+{{- $config := dict
+  "version" "v1"
+  "units_per_gpu" .Values.unitsPerGpu
+  "resources" $resources
+  "allocation_policy" .Values.plugin.allocationPolicy
+  "device_id_strategy" .Values.plugin.deviceIdStrategy
+  "device_list_strategy" .Values.plugin.deviceListStrategy
+  "device_plugins_dir" (include "metagpu.plugin.devicePluginsMount" .)
+  "fail_on_init_error" .Values.plugin.failOnInitError
+  "health" (dict "enabled" .Values.plugin.healthChecks)
+  "mps" (dict "enabled" .Values.mps.enabled "pipe_directory" .Values.mps.pipeDirectory "container_pipe_directory" .Values.mps.containerPipeDirectory)
+  "agent" $agent
+-}}
+{{- include "metagpu.mergeExtraConfig" (dict "base" $config "extra" .Values.plugin.extraConfig "where" "plugin.extraConfig") -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/* Add an extraConfig map to a rendered config, in place: (dict "base" $config
+"extra" .Values.x.extraConfig "where" "x.extraConfig"). extraConfig is for keys
+the chart has no value for; a key the chart already renders from a value fails
+the install and names that key, so one setting never has two sources (and a
+`false` in extraConfig is never silently lost in a merge). Two levels deep,
+which is as deep as the config files go. */}}
+{{- define "metagpu.mergeExtraConfig" -}}
+{{- $base := .base -}}
+{{- $where := .where -}}
+{{- range $key, $value := .extra -}}
+{{- if not (hasKey $base $key) -}}
+{{- $_ := set $base $key (deepCopy $value) -}}
+{{- else if and (kindIs "map" (get $base $key)) (kindIs "map" $value) -}}
+{{- $inner := get $base $key -}}
+{{- range $k, $v := $value -}}
+{{- if hasKey $inner $k -}}
+{{- fail (printf "%s.%s.%s: this key is rendered from a chart value; set that value instead (see values.yaml)" $where $key $k) -}}
+{{- end -}}
+{{- $_ := set $inner $k (deepCopy $v) -}}
+{{- end -}}
+{{- else -}}
+{{- fail (printf "%s.%s: this key is rendered from a chart value; set that value instead (see values.yaml)" $where $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ------------------------------------------------- security contexts */}}
+{{/* Pod securityContext of the non-root components (webhook, certificate jobs).
+On OpenShift the restricted-v2 SCC assigns the UID/GID from the namespace's
+range and rejects fixed ones, so they are left out there. */}}
+{{- define "metagpu.restrictedPodSecurityContext" -}}
+runAsNonRoot: true
+{{- if not .Values.ocp }}
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+{{- end }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "metagpu.restrictedContainerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop:
+    - ALL
+{{- end -}}
+
+{{/* Common arguments of every metagpu command. */}}
+{{- define "metagpu.logArgs" -}}
+- --log-format
+- {{ .Values.logFormat }}
+- --log-level
+- {{ .Values.logLevel }}
+{{- end -}}

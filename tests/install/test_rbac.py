@@ -1,0 +1,232 @@
+"""Each component's RBAC grants exactly the permissions its code declares: no more, no less.
+
+The declarations live next to the code (``webhook.permissions``,
+``certs.permissions``, ``plugin.agent.permissions``) and each component's own
+tests check that its API calls equal them. Here the other side: the rules the
+chart binds to each ServiceAccount, flattened to ``(group, resource, verb)``,
+equal :func:`plugin.api.permissions.verb_set` of the declaration; cluster-wide
+rules are in a ClusterRole only where the declaration says so; and where the
+declaration names objects, the chart names the same ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pytest
+
+from plugin.api.permissions import Permission, verb_set
+from tests.install.chart import (
+    EVERYTHING,
+    NAMESPACE,
+    Obj,
+    component,
+    find,
+    flag,
+    one,
+    render,
+    scenario_params,
+)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One (group, resource, verb) a ServiceAccount gets, and how."""
+
+    group: str
+    resource: str
+    verb: str
+    cluster_wide: bool
+    resource_names: frozenset[str]
+
+
+def grants(objects: list[Obj], service_account: str) -> list[Grant]:
+    """Every rule bound to ``service_account`` (in the release namespace)."""
+    found: list[Grant] = []
+    for binding in [*find(objects, "RoleBinding"), *find(objects, "ClusterRoleBinding")]:
+        subjects = binding.get("subjects", [])
+        if not any(
+            s["kind"] == "ServiceAccount"
+            and s["name"] == service_account
+            and s["namespace"] == NAMESPACE
+            for s in subjects
+        ):
+            continue
+        ref = binding["roleRef"]
+        assert ref["apiGroup"] == "rbac.authorization.k8s.io"
+        role = one(objects, ref["kind"], ref["name"])
+        cluster_wide = binding["kind"] == "ClusterRoleBinding"
+        if binding["kind"] == "RoleBinding":
+            assert binding["metadata"]["namespace"] == role["metadata"]["namespace"] == NAMESPACE
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        assert "*" not in (group, resource, verb), (
+                            f"wildcard in {role['metadata']['name']}"
+                        )
+                        found.append(
+                            Grant(
+                                group,
+                                resource,
+                                verb,
+                                cluster_wide,
+                                frozenset(rule.get("resourceNames", [])),
+                            )
+                        )
+    return found
+
+
+def assert_exactly(granted: Iterable[Grant], declared: Iterable[Permission], *, who: str) -> None:
+    granted, declared = list(granted), list(declared)
+    given = {(g.group, g.resource, g.verb) for g in granted}
+    wanted = verb_set(declared)
+    assert given == wanted, (
+        f"{who}: chart grants {sorted(given - wanted)} more and {sorted(wanted - given)} less "
+        "than the code declares"
+    )
+    for permission in declared:
+        for verb in permission.verbs:
+            matching = [
+                g
+                for g in granted
+                if (g.group, g.resource, g.verb) == (permission.group, permission.resource, verb)
+            ]
+            for grant in matching:
+                scope = (
+                    "namespaced (Role)" if permission.namespaced else "cluster-wide (ClusterRole)"
+                )
+                assert grant.cluster_wide is not permission.namespaced, (
+                    f"{who}: {verb} {permission.resource} must be {scope}"
+                )
+                if permission.resource_names:
+                    assert grant.resource_names == permission.resource_names, (
+                        f"{who}: {verb} {permission.resource} must be limited to "
+                        f"{sorted(permission.resource_names)}, "
+                        f"chart says {sorted(grant.resource_names)}"
+                    )
+
+
+def pod_spec(obj: Obj) -> Obj:
+    spec = obj["spec"]
+    pod: Obj = (
+        spec.get("template", {}).get("spec") or spec["jobTemplate"]["spec"]["template"]["spec"]
+    )
+    return pod
+
+
+@pytest.mark.parametrize("values", scenario_params())
+def test_webhook_rbac_is_exactly_its_permissions(values: Obj) -> None:
+    from webhook.permissions import PERMISSIONS
+
+    objects = render(values)
+    service_account = pod_spec(component(objects, "Deployment", "webhook"))["serviceAccountName"]
+    assert_exactly(grants(objects, service_account), PERMISSIONS, who="webhook")
+
+
+@pytest.mark.parametrize("values", scenario_params())
+def test_agent_rbac_is_exactly_its_permissions(values: Obj) -> None:
+    from plugin.agent.permissions import PERMISSIONS
+
+    objects = render(values)
+    service_account = pod_spec(component(objects, "DaemonSet", "plugin"))["serviceAccountName"]
+    assert_exactly(grants(objects, service_account), PERMISSIONS, who="agent")
+
+
+def _bootstrap_runs(objects: list[Obj]) -> list[Obj]:
+    return [
+        o
+        for o in [*find(objects, "Job"), *find(objects, "CronJob")]
+        if pod_spec(o)["containers"][0]["args"][:2] == ["certs", "bootstrap"]
+    ]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({}, id="defaults"),
+        pytest.param({"certs": {"secretName": "gpu-webhook-cert"}}, id="custom-secret"),
+        pytest.param({**EVERYTHING, "fullnameOverride": "gpus"}, id="everything-renamed"),
+    ],
+)
+def test_bootstrap_rbac_is_exactly_its_permissions_for_the_names_it_is_given(values: Obj) -> None:
+    from certs.permissions import permissions_for
+
+    objects = render(values)
+    runs = _bootstrap_runs(objects)
+    assert len(runs) == 3  # pre hook, post hook, renewal CronJob
+    for run in runs:
+        spec = pod_spec(run)
+        args = spec["containers"][0]["args"]
+        webhook_config = flag(args, "--webhook-config") if "--webhook-config" in args else None
+        declared = permissions_for(secret=flag(args, "--secret"), webhook_config=webhook_config)
+        granted = grants(objects, spec["serviceAccountName"])
+        # One ServiceAccount serves both hooks, so it holds the union: the Secret rules
+        # and the webhook configuration rule of the post-install run.
+        full = permissions_for(
+            secret=flag(args, "--secret"),
+            webhook_config=one(objects, "MutatingWebhookConfiguration")["metadata"]["name"],
+        )
+        assert_exactly(
+            granted, full, who=f"certs bootstrap ({run['kind']} {run['metadata']['name']})"
+        )
+        assert verb_set(declared) <= {(g.group, g.resource, g.verb) for g in granted}
+
+
+def test_bootstrap_may_patch_only_the_release_webhook_configuration() -> None:
+    objects = render()
+    configuration = one(objects, "MutatingWebhookConfiguration")["metadata"]["name"]
+    secret = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    tls_secret = next(v for v in secret if v["name"] == "tls")["secret"]["secretName"]
+    for run in _bootstrap_runs(objects):
+        args = pod_spec(run)["containers"][0]["args"]
+        assert flag(args, "--secret") == tls_secret
+        if "--webhook-config" in args:
+            assert flag(args, "--webhook-config") == configuration
+
+
+def test_cert_manager_mode_has_no_bootstrap_rbac() -> None:
+    objects = render({"certs": {"mode": "cert-manager"}})
+    assert not _bootstrap_runs(objects)
+    assert not [
+        o
+        for o in objects
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "certs"
+        and o["kind"] in ("Role", "ClusterRole", "ServiceAccount")
+    ]
+
+
+def test_every_service_account_is_used_and_none_is_shared() -> None:
+    objects = render(EVERYTHING)
+    used = [
+        pod_spec(o)["serviceAccountName"]
+        for o in objects
+        if o["kind"] in ("Deployment", "DaemonSet", "Job", "CronJob")
+    ]
+    accounts = {sa["metadata"]["name"] for sa in find(objects, "ServiceAccount")}
+    assert accounts == set(used)
+    webhook = pod_spec(component(objects, "Deployment", "webhook"))["serviceAccountName"]
+    plugin = pod_spec(component(objects, "DaemonSet", "plugin"))["serviceAccountName"]
+    assert (
+        len(
+            {
+                webhook,
+                plugin,
+                *[pod_spec(o)["serviceAccountName"] for o in _bootstrap_runs(objects)],
+            }
+        )
+        == 4
+    )
+
+
+def test_the_check_catches_an_extra_verb() -> None:
+    # Proof that the comparison above can fail.
+    from webhook.permissions import PERMISSIONS
+
+    objects = render()
+    role = one(objects, "ClusterRole", "metagpu-webhook")
+    role["rules"][0]["verbs"].append("delete")
+    with pytest.raises(AssertionError, match="more"):
+        assert_exactly(grants(objects, "metagpu-webhook"), PERMISSIONS, who="webhook")

@@ -1,0 +1,243 @@
+"""What the chart tells the webhook agrees with what it tells the device plugin and agent.
+
+Both config files are taken from the rendered ConfigMaps and loaded through
+the components' real models (:class:`webhook.config.WebhookConfig`,
+:class:`plugin.api.config.PluginConfig`) with the real loader, so a key the
+chart renders that a component does not know fails here (the models forbid
+unknown keys). Then the three things that must agree are compared: resource
+names, units per GPU and tolerations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.install.chart import (
+    EVERYTHING,
+    Obj,
+    component,
+    container,
+    flag,
+    load_rendered_config,
+    render,
+    scenario_params,
+)
+
+
+def configs(values: Obj) -> tuple[Any, Any, list[Obj]]:
+    from plugin.api.config import PluginConfig
+    from webhook.config import WebhookConfig
+
+    objects = render(values)
+    webhook = load_rendered_config(objects, "metagpu-webhook-config", "webhook.yaml", WebhookConfig)
+    plugin = load_rendered_config(objects, "metagpu-plugin-config", "plugin.yaml", PluginConfig)
+    return webhook, plugin, objects
+
+
+def plugin_pod(objects: list[Obj]) -> Obj:
+    pod: Obj = component(objects, "DaemonSet", "plugin")["spec"]["template"]["spec"]
+    return pod
+
+
+@pytest.mark.parametrize("values", scenario_params())
+def test_both_configs_load_through_the_real_models(values: Obj) -> None:
+    webhook, plugin, _ = configs(values)
+    assert webhook.version == "v1"
+    assert plugin.version == "v1"
+
+
+@pytest.mark.parametrize("values", scenario_params())
+def test_resource_names_and_units_agree(values: Obj) -> None:
+    webhook, plugin, _ = configs(values)
+    advertised = [r.name for r in plugin.resources]
+    assert webhook.resource_name == advertised[0]
+    assert sorted(webhook.extra_resource_names) == sorted(advertised[1:])
+    assert not set(webhook.fraction_resource_names) & set(advertised)
+    assert webhook.units_per_gpu == plugin.units_per_gpu
+
+
+def test_changed_shared_values_reach_both_components() -> None:
+    values = {
+        "resourceName": "example.com/vgpu",
+        "unitsPerGpu": 20,
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "runtimeClass": {"name": "nvidia-legacy"},
+    }
+    webhook, plugin, objects = configs(values)
+    assert webhook.resource_name == plugin.resources[0].name == "example.com/vgpu"
+    assert webhook.units_per_gpu == plugin.units_per_gpu == 20
+    assert [t.as_kubernetes() for t in webhook.tolerations] == values["tolerations"]
+    assert webhook.runtime_class_name == "nvidia-legacy"
+    assert plugin_pod(objects)["runtimeClassName"] == "nvidia-legacy"
+
+
+@pytest.mark.parametrize("values", scenario_params())
+def test_plugin_tolerates_every_taint_the_webhook_lets_gpu_pods_onto(values: Obj) -> None:
+    webhook, _, objects = configs(values)
+    daemonset_tolerations = plugin_pod(objects)["tolerations"]
+    for toleration in webhook.tolerations:
+        assert toleration.as_kubernetes() in daemonset_tolerations, (
+            f"GPU pods tolerate {toleration.as_kubernetes()} but the device plugin does not, "
+            "so it would not run on the nodes they are sent to"
+        )
+
+
+def test_runtime_class_agrees_and_can_be_left_out() -> None:
+    webhook, _, objects = configs({})
+    assert webhook.runtime_class_name == plugin_pod(objects)["runtimeClassName"] == "nvidia"
+    webhook, _, objects = configs({"runtimeClass": {"name": ""}})
+    assert webhook.runtime_class_name is None
+    assert "runtimeClassName" not in plugin_pod(objects)
+
+
+def test_defaults_match_the_component_defaults() -> None:
+    # The chart's defaults are the components' own, so a chart install and
+    # `metagpu webhook`/`device-plugin` with no config behave the same.
+    from plugin.api.config import PluginConfig
+    from webhook.config import WebhookConfig
+
+    webhook, plugin, _ = configs({})
+    defaults_webhook, defaults_plugin = WebhookConfig(), PluginConfig()
+    for field in (
+        "resource_name",
+        "extra_resource_names",
+        "units_per_gpu",
+        "fraction_resource_names",
+        "convert_whole_gpus",
+        "max_gpus_per_container",
+        "tolerations",
+        "runtime_class_name",
+        "default_compute_policy",
+        "visible_devices_policy",
+        "deny_privileged",
+        "void_non_gpu_containers",
+    ):
+        assert getattr(webhook, field) == getattr(defaults_webhook, field), field
+    for field in (
+        "units_per_gpu",
+        "resources",
+        "allocation_policy",
+        "device_id_strategy",
+        "device_list_strategy",
+        "device_plugins_dir",
+        "fail_on_init_error",
+        "health",
+    ):
+        assert getattr(plugin, field) == getattr(defaults_plugin, field), field
+    for field in (
+        "socket_dir",
+        "pod_resources_socket",
+        "interval_s",
+        "memory_enforcement",
+        "kill_grace_s",
+        "metrics_listen",
+        "label_node",
+        "install_mgctl",
+    ):
+        assert getattr(plugin.agent, field) == getattr(defaults_plugin.agent, field), field
+
+
+# ------------------------------------------------------- paths in the pod
+@pytest.mark.parametrize("values", scenario_params())
+def test_config_paths_are_what_the_plugin_pod_mounts(values: Obj) -> None:
+    _, plugin, objects = configs(values)
+    pod = plugin_pod(objects)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+
+    def mount_of(container_name: str, volume: str) -> Obj:
+        mounts: list[Obj] = [
+            m for m in container(pod, container_name)["volumeMounts"] if m["name"] == volume
+        ]
+        assert len(mounts) == 1, f"{container_name} does not mount {volume}"
+        return mounts[0]
+
+    # The kubelet's device-plugins dir, read-write for the plugin's socket.
+    mount = mount_of("device-plugin", "device-plugins")
+    assert str(plugin.device_plugins_dir) == mount["mountPath"]
+    assert not mount.get("readOnly")
+    assert volumes["device-plugins"]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
+    # The agent socket dir: the plugin hands its *host* path to the kubelet, so
+    # it must be mounted at the same path; the agent writes it, the plugin reads.
+    socket_dir = str(plugin.agent.socket_dir)
+    assert volumes["agent-socket-dir"]["hostPath"] == {
+        "path": socket_dir,
+        "type": "DirectoryOrCreate",
+    }
+    assert mount_of("agent", "agent-socket-dir")["mountPath"] == socket_dir
+    assert not mount_of("agent", "agent-socket-dir").get("readOnly")
+    assert mount_of("device-plugin", "agent-socket-dir")["mountPath"] == socket_dir
+    assert mount_of("device-plugin", "agent-socket-dir")["readOnly"] is True
+    # The kubelet's pod-resources socket, for the agent.
+    mount = mount_of("agent", "pod-resources")
+    assert str(plugin.agent.pod_resources_socket).startswith(mount["mountPath"] + "/")
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    # Both containers read the one config file.
+    for name in ("device-plugin", "agent"):
+        args = container(pod, name)["args"]
+        config_path = flag(args, "--config")
+        mount = mount_of(name, "config")
+        assert config_path.startswith(mount["mountPath"] + "/")
+        items = volumes["config"]["configMap"]["items"]
+        assert {"key": "plugin.yaml", "path": config_path.rsplit("/", 1)[1]} in items
+    # MPS: the pipe directory the plugin hands out exists on the host.
+    if plugin.mps.enabled:
+        assert volumes["mps-pipes"]["hostPath"]["path"] == str(plugin.mps.pipe_directory)
+        assert mount_of("device-plugin", "mps-pipes")["mountPath"] == str(plugin.mps.pipe_directory)
+    else:
+        assert "mps-pipes" not in volumes
+
+
+def test_host_paths_follow_values_while_config_paths_stay() -> None:
+    values = {
+        "plugin": {"devicePluginsDir": "/var/lib/k0s/kubelet/device-plugins"},
+        "agent": {
+            "podResourcesDir": "/var/lib/k0s/kubelet/pod-resources",
+            "socketDir": "/run/metagpu",
+        },
+    }
+    _, plugin, objects = configs(values)
+    volumes = {v["name"]: v for v in plugin_pod(objects)["volumes"]}
+    assert volumes["device-plugins"]["hostPath"]["path"] == "/var/lib/k0s/kubelet/device-plugins"
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/k0s/kubelet/pod-resources"
+    assert str(plugin.device_plugins_dir) == "/var/lib/kubelet/device-plugins"
+    assert str(plugin.agent.pod_resources_socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert str(plugin.agent.socket_dir) == "/run/metagpu"
+    assert volumes["agent-socket-dir"]["hostPath"]["path"] == "/run/metagpu"
+
+
+def test_agent_metrics_port_is_the_container_port_and_the_service_port() -> None:
+    from plugin.api.agent_config import split_listen
+
+    _, plugin, objects = configs({**EVERYTHING, "agent": {"metricsPort": 9500}})
+    _, port = split_listen(plugin.agent.metrics_listen)
+    agent = container(plugin_pod(objects), "agent")
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in agent["ports"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert agent[probe]["httpGet"]["port"] == "metrics"
+    service = next(
+        o
+        for o in objects
+        if o["kind"] == "Service" and o["metadata"]["name"].endswith("agent-metrics")
+    )
+    assert service["spec"]["ports"][0]["port"] == port
+    assert service["spec"]["clusterIP"] == "None"
+
+
+def test_agent_node_name_comes_from_the_downward_api() -> None:
+    from plugin.api.config import ENV_PREFIX
+
+    agent = container(plugin_pod(render()), "agent")
+    env = {e["name"]: e for e in agent["env"]}
+    for name in ("NODE_NAME", f"{ENV_PREFIX}AGENT__NODE_NAME"):
+        assert env[name]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_extra_resources_are_advertised_and_known_to_the_webhook() -> None:
+    webhook, plugin, _ = configs(EVERYTHING)
+    assert [(r.name, r.gpus) for r in plugin.resources] == [
+        ("cnvrg.io/metagpu", [0, 1]),
+        ("cnvrg.io/metagpu-a100", [2, 3]),
+    ]
+    assert webhook.extra_resource_names == ["cnvrg.io/metagpu-a100"]
