@@ -8,7 +8,9 @@ occupied in a fragmented pattern, it measures p50/p99 of
 * the pure policy (:func:`plugin.allocation.preferred_allocation`) and the pure
   Allocate path (ID validation + :func:`plugin.container_spec.build_container_spec`);
 * the same two calls through the real gRPC server over a unix socket, with
-  the kubelet's messages (``plugin.kubelet_sim.PluginClient``);
+  the kubelet's messages (``plugin.kubelet_sim.PluginClient``): both the
+  round trip the client sees and the time the handler spends inside the
+  server process (the plugin's own latency, without the transport);
 * a baseline measured in the same run: an empty RPC (``PreStartContainer``) on
   the same channel, i.e. what gRPC itself costs here;
 
@@ -28,7 +30,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -111,8 +115,13 @@ def row(label: str, samples: list[float]) -> str:
     )
 
 
-def serve(gpu_count: int, units: int, socket_path: str) -> None:
-    """The plugin side, in its own process as on a node (the kubelet is another process)."""
+def serve(gpu_count: int, units: int, socket_path: str, results: Connection) -> None:
+    """The plugin side, in its own process as on a node (the kubelet is another process).
+
+    Each handler is timed inside this process (what the plugin itself spends
+    answering, after gRPC has delivered the request and before it sends the
+    answer); the samples go back to the coordinator through ``results``.
+    """
 
     async def run() -> None:
         table, _ = node(gpu_count, units)
@@ -120,6 +129,11 @@ def serve(gpu_count: int, units: int, socket_path: str) -> None:
         servicer = DevicePluginServicer(
             table=table, config=PluginConfig(units_per_gpu=units), board=HealthBoard(), stop=stop
         )
+        handler_ms: dict[str, list[float]] = {}
+        for name in ("GetPreferredAllocation", "Allocate"):
+            setattr(
+                servicer, name, _timed(getattr(servicer, name), handler_ms.setdefault(name, []))
+            )
         server = PluginServer(
             servicer, resource=table.resource, socket_path=Path(socket_path), stop=stop
         )
@@ -129,8 +143,23 @@ def serve(gpu_count: int, units: int, socket_path: str) -> None:
         loop.add_signal_handler(signal.SIGTERM, done.set_result, None)
         await done
         await server.stop(grace_s=0)
+        results.send(handler_ms)
+        results.close()
 
     asyncio.run(run())
+
+
+def _timed(
+    method: Callable[[Any, Any], Awaitable[Any]], out: list[float]
+) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def timed(request: Any, context: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return await method(request, context)
+        finally:
+            out.append((time.perf_counter() - start) * 1000)
+
+    return timed
 
 
 async def scenario(gpu_count: int, units: int, rounds: int, socket_dir: Path) -> bool:
@@ -170,8 +199,9 @@ async def scenario(gpu_count: int, units: int, rounds: int, socket_dir: Path) ->
     )
 
     socket_path = socket_dir / f"bench-{gpu_count}.sock"
+    receive, send = multiprocessing.Pipe(duplex=False)
     process = multiprocessing.get_context("spawn").Process(
-        target=serve, args=(gpu_count, units, str(socket_path)), daemon=True
+        target=serve, args=(gpu_count, units, str(socket_path), send), daemon=True
     )
     process.start()
     client = PluginClient(socket_path)
@@ -201,20 +231,30 @@ async def scenario(gpu_count: int, units: int, rounds: int, socket_dir: Path) ->
     finally:
         await client.close()
         process.terminate()
+        handler_ms: dict[str, list[float]] = receive.recv() if receive.poll(30) else {}
         process.join(10)
+    # The warm-up calls are the first samples; drop them as the client does.
+    warm = max(5, rounds // 10)
+    server_pref = handler_ms.get("GetPreferredAllocation", [])[warm:]
+    server_alloc = handler_ms.get("Allocate", [])[warm:]
 
     print(row("baseline: empty RPC (PreStart)", baseline))
     print(row(f"baseline: PreStart with {len(available)} IDs", payload))
     print(row("GetPreferredAllocation, pure", pure_pref))
+    print(row("GetPreferredAllocation, in server", server_pref))
     print(row("GetPreferredAllocation, gRPC", rpc_pref))
     print(row("Allocate, pure", pure_alloc))
+    print(row("Allocate, in server", server_alloc))
     print(row("Allocate, gRPC", rpc_alloc))
     target = TARGETS_MS[(gpu_count, units)]
+    in_server = max(percentile(server_pref, 99), percentile(server_alloc, 99))
     worst = max(percentile(rpc_pref, 99), percentile(rpc_alloc, 99))
-    verdict = "PASS" if worst < target else "MISS"
+    for label, value in (("plugin (in server)", in_server), ("round trip (gRPC)", worst)):
+        verdict = "PASS" if value < target else "MISS"
+        print(f"  target p99 < {target} ms, {label:<19} {verdict} (worst p99 {value:.3f} ms)")
     print(
-        f"  target p99 < {target} ms through gRPC: {verdict} (worst p99 {worst:.3f} ms; "
-        f"the empty-RPC baseline's own p99 is {percentile(baseline, 99):.3f} ms here)"
+        f"  (the empty-RPC baseline's own p99 is {percentile(baseline, 99):.3f} ms here: "
+        "the transport's share of the round trip)"
     )
     return worst < target
 
