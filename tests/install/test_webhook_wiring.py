@@ -191,11 +191,32 @@ def test_namespace_selector_excludes_the_release_namespace_and_kube_system(
         pytest.param({"metagpu.io/inject": "false"}, False, id="opt-out"),
     ],
 )
-def test_object_selector_honours_the_opt_out_label(
-    object_labels: dict[str, str], sent: bool
-) -> None:
-    for hook in one(render(), "MutatingWebhookConfiguration")["webhooks"]:
-        assert selects(hook["objectSelector"], object_labels) is sent
+def test_workloads_honour_the_opt_out_label(object_labels: dict[str, str], sent: bool) -> None:
+    hook = _webhook(render(), "workloads")
+    assert selects(hook["objectSelector"], object_labels) is sent
+
+
+def test_opted_out_pods_still_reach_the_webhook_for_hardening() -> None:
+    # A pod label is written by the pod's author; if it kept the pod away from the
+    # webhook, anyone could switch off the NVIDIA_VISIBLE_DEVICES/privileged denials.
+    hook = _webhook(render(), "pods")
+    assert selects(hook.get("objectSelector", {}), {"metagpu.io/inject": "false"})
+
+
+def test_extra_object_selector_expressions_apply_to_both_webhooks() -> None:
+    extra = {"key": "team", "operator": "In", "values": ["ml"]}
+    objects = render({"webhook": {"objectSelector": {"matchExpressions": [extra]}}})
+    for kind in ("pods", "workloads"):
+        hook = _webhook(objects, kind)
+        assert selects(hook["objectSelector"], {"team": "ml"})
+        assert not selects(hook["objectSelector"], {"team": "web"})
+
+
+def _webhook(objects: list[Obj], kind: str) -> Obj:
+    hooks = one(objects, "MutatingWebhookConfiguration")["webhooks"]
+    matching = [h for h in hooks if h["name"].startswith(f"{kind}.")]
+    assert len(matching) == 1, [h["name"] for h in hooks]
+    return matching[0]
 
 
 def test_the_webhook_and_plugin_pods_are_never_sent_to_the_webhook() -> None:
