@@ -88,6 +88,14 @@ class ProcessCgroup:
         """True when the path names at least one container."""
         return bool(self.candidates)
 
+    @property
+    def in_pod(self) -> bool:
+        """True when the path is inside the kubelet's pod hierarchy (``kubepods``),
+        whether or not a container ID could be read from it."""
+        return self.pod_uid is not None or any(
+            _KUBEPODS in component for component in self.path.split("/")
+        )
+
 
 HOST: Final = ProcessCgroup(candidates=(), pod_uid=None, path="/")
 

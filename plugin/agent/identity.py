@@ -7,8 +7,9 @@ and the PID's cgroup names its container (:mod:`plugin.agent.cgroups`). Then:
 
 * a process in a container that a pod on this node runs → **container scope**:
   it sees its own processes and shares and may kill only its own processes;
-* a root process (UID 0) on the host, outside any container, or in the agent's
-  own container (``kubectl exec`` into the agent) → **node scope**: everything;
+* a root process (UID 0) on the host, outside any container and any pod's
+  cgroup, or in the agent's own container (``kubectl exec`` into the agent) →
+  **node scope**: everything;
 * anything else → refused, with the reason.
 
 The original MetaGPU used a JWT signed with a secret committed in its chart:
@@ -92,6 +93,14 @@ def identify(
 
     cid = pick_container(cgroup, known=lambda c: lookup(c) is not None)
     if cid is None:
+        if cgroup.in_pod:
+            # Inside a pod's cgroup but no container ID we can read (an unknown
+            # runtime's naming, a process attached at the pod level): never treat
+            # that as the host, or root in any container would see the node.
+            raise CallerRefusedError(
+                f"PID {pid} runs in a pod's cgroup ({cgroup.path}) but its container cannot "
+                "be identified; refusing rather than guessing"
+            )
         if uid == 0:
             return Caller(pid=pid, uid=uid, scope="node", container=None, via="host root")
         raise CallerRefusedError(

@@ -87,6 +87,12 @@ def test_agent_container_root_sees_the_node(tmp_path: Path, index: PodIndex) -> 
         ),
         pytest.param("none", 0, 0, "must run with hostPID", id="pid-zero"),
         pytest.param("garbage", 603, 0, "cannot tell which container PID 603", id="bad-cgroup"),
+        pytest.param(
+            "pod-level", 604, 0, "runs in a pod's cgroup", id="root-in-pod-without-container-id"
+        ),
+        pytest.param(
+            "odd-runtime", 605, 0, "its container cannot be identified", id="root-unknown-runtime"
+        ),
     ],
 )
 def test_refused(
@@ -100,6 +106,17 @@ def test_refused(
     elif setup == "garbage":
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "cgroup").write_text("nope")
+    elif setup == "pod-level":  # root in a pod's cgroup, not in any container's
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(
+            "0::/kubepods.slice/kubepods-besteffort.slice/"
+            "kubepods-besteffort-pod0a1b2c3d_4e5f_4a6b_8c7d_9e0f1a2b3c4d.slice\n"
+        )
+    elif setup == "odd-runtime":  # a runtime whose scope naming we do not parse
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(
+            f"0::/kubepods/burstable/pod0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d/sandbox-{'f' * 40}\n"
+        )
     with pytest.raises(CallerRefusedError) as err:
         who(pid, uid, tmp_path, index)
     assert message in str(err.value)
