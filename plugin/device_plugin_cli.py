@@ -9,17 +9,19 @@ gRPC, NVML and the supervisor are imported inside :func:`run`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from pathlib import Path
 from typing import Final
 
-from plugin.api.commands import EXIT_OK, Command
-from plugin.api.config import ENV_PREFIX, PluginConfig
+from plugin.api.commands import (
+    Command,
+    add_config_file_argument,
+    add_print_config_argument,
+    print_config,
+)
+from plugin.api.config import CONFIG_FILE_ENV, ENV_PREFIX, PluginConfig
 from plugin.api.settings import load_config
 
-CONFIG_FILE_ENV: Final = "METAGPU_PLUGIN_CONFIG_FILE"
 """Fallback for ``--config`` (the chart mounts the ConfigMap and sets this)."""
 
 DESCRIPTION: Final = """\
@@ -38,13 +40,7 @@ See docs/device-plugin.md for every setting."""
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``device-plugin`` flags; each one maps to a config field (None = not given)."""
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=os.environ.get(CONFIG_FILE_ENV) or None,
-        metavar="FILE",
-        help=f"YAML config file (env {CONFIG_FILE_ENV})",
-    )
+    add_config_file_argument(parser, env_var=CONFIG_FILE_ENV, what="YAML config file")
     parser.add_argument(
         "--device-plugins-dir",
         type=Path,
@@ -90,11 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="hand containers CUDA MPS settings (mps.enabled)",
     )
-    parser.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the effective configuration as JSON and exit",
-    )
+    add_print_config_argument(parser)
 
 
 def config_flags(args: argparse.Namespace) -> dict[str, object]:
@@ -129,9 +121,7 @@ def load(args: argparse.Namespace) -> PluginConfig:
 def run(args: argparse.Namespace) -> int:
     config = load(args)  # a bad config fails here: exit 2 via the dispatcher
     if args.print_config:
-        json.dump(config.model_dump(mode="json"), sys.stdout, indent=2)
-        print()
-        return EXIT_OK
+        return print_config(config)
 
     # Heavy imports only now: ``metagpu --help`` and the other commands never load gRPC.
     import asyncio  # noqa: PLC0415

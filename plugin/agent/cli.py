@@ -13,19 +13,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Final
 
 from plugin.api.agent_config import MEMORY_ENFORCEMENT_MODES
-from plugin.api.commands import EXIT_OK, Command
-from plugin.api.config import ENV_PREFIX, PluginConfig
+from plugin.api.commands import (
+    EXIT_OK,
+    Command,
+    add_config_file_argument,
+    add_print_config_argument,
+    print_config,
+)
+from plugin.api.config import CONFIG_FILE_ENV, ENV_PREFIX, PluginConfig
 from plugin.api.settings import load_config
 
-CONFIG_FILE_ENV: Final = "METAGPU_PLUGIN_CONFIG_FILE"
 """Fallback for ``--config``: the same variable the device plugin reads."""
 NODE_NAME_ENV: Final = "NODE_NAME"
 """The conventional downward-API variable (``fieldRef: spec.nodeName``)."""
@@ -47,12 +50,8 @@ See docs/agent.md for every setting."""
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``agent`` flags; each maps to a config field (None = not given)."""
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=os.environ.get(CONFIG_FILE_ENV) or None,
-        metavar="FILE",
-        help=f"YAML config file shared with the device plugin (env {CONFIG_FILE_ENV})",
+    add_config_file_argument(
+        parser, env_var=CONFIG_FILE_ENV, what="YAML config file shared with the device plugin"
     )
     parser.add_argument(
         "--node-name", metavar="NAME", help=f"this node's name (env {NODE_NAME_ENV})"
@@ -100,11 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="copy mgctl into the socket directory at start-up (default on)",
     )
-    parser.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the effective configuration as JSON and exit",
-    )
+    add_print_config_argument(parser)
 
 
 def config_flags(args: argparse.Namespace) -> dict[str, object]:
@@ -141,9 +136,7 @@ def load(args: argparse.Namespace) -> PluginConfig:
 def run(args: argparse.Namespace) -> int:
     config = load(args)  # a bad config fails here: exit 2 via the dispatcher
     if args.print_config:
-        json.dump(config.model_dump(mode="json"), sys.stdout, indent=2)
-        print()
-        return EXIT_OK
+        return print_config(config)
 
     from plugin.agent.agent import serve  # noqa: PLC0415 - heavy: aiohttp, grpc, kubernetes
     from plugin.cli import version  # noqa: PLC0415 - plugin.cli imports this module

@@ -9,8 +9,14 @@ Heavy imports (aiohttp, grpc, NVML) happen inside ``run``, so
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -29,3 +35,32 @@ class Command:
     run: Callable[[argparse.Namespace], int]
     description: str | None = None
     """Longer text for ``--help``; the first paragraph of the help otherwise."""
+
+
+def add_config_file_argument(
+    parser: argparse.ArgumentParser, *, env_var: str, what: str = "YAML config file"
+) -> None:
+    """``--config FILE``, falling back to ``$env_var`` (how a DaemonSet points at its ConfigMap)."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get(env_var) or None,
+        metavar="FILE",
+        help=f"{what} (env {env_var})",
+    )
+
+
+def add_print_config_argument(parser: argparse.ArgumentParser) -> None:
+    """``--print-config``: show the effective configuration (after flags > env > file)."""
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration as JSON and exit",
+    )
+
+
+def print_config(config: BaseModel) -> int:
+    """What ``--print-config`` prints: the validated model as indented JSON."""
+    json.dump(config.model_dump(mode="json"), sys.stdout, indent=2)
+    print()
+    return EXIT_OK

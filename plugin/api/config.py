@@ -33,6 +33,10 @@ from plugin.api.settings import StrictModel
 ENV_PREFIX: Final = "METAGPU_PLUGIN_"
 """``METAGPU_PLUGIN_UNITS_PER_GPU``, ``METAGPU_PLUGIN_HEALTH__RECOVERY_S``, ..."""
 
+CONFIG_FILE_ENV: Final = "METAGPU_PLUGIN_CONFIG_FILE"
+"""Where ``--config`` defaults from, for the device plugin and the agent alike
+(they read one file)."""
+
 DEFAULT_DEVICE_PLUGINS_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 """Where the kubelet serves ``kubelet.sock`` and looks for plugin sockets."""
 
