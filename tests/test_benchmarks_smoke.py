@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = sorted(
-    p for p in (Path(__file__).parent / "benchmarks").glob("*.py") if p.name != "__init__.py"
+    p for p in (Path(__file__).parent / "benchmarks").glob("*.py") if not p.name.startswith("_")
 )
+"""Every script; modules named ``_*.py`` (``__init__``, shared helpers) are not benchmarks."""
 
 
 @pytest.mark.slow

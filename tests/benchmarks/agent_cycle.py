@@ -35,8 +35,6 @@ import gc
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -50,6 +48,7 @@ from plugin.agent.gpus import resolve_owners
 from plugin.api.config import PluginConfig
 from plugin.api.resources import DEFAULT_RESOURCE_NAME
 from plugin.backend import GpuInfo, GpuProcess, GpuUsage, NullBackend
+from tests.benchmarks._stats import percentile, timed_ms
 
 GPUS = 8
 CONTAINERS = 100
@@ -66,12 +65,6 @@ class _NoAllocations:
 
     async def close(self) -> None:
         return None
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def cid(n: int) -> str:
@@ -146,15 +139,6 @@ def inputs() -> tuple[
     return readings, allocations, owners, index, pods
 
 
-def timed(fn: Callable[[], object], iterations: int) -> list[float]:
-    samples = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1000)
-    return samples
-
-
 def report(label: str, samples: list[float]) -> None:
     print(
         f"  {label:<46} median {statistics.median(samples):7.3f} ms   "
@@ -201,9 +185,9 @@ def main() -> int:
         f"{CONTAINERS * PROCESSES_PER_CONTAINER} processes, {len(snapshot.shares)} shares, "
         f"{len(allocations)} allocations; {iterations} iterations"
     )
-    cycle_samples = timed(cycle, iterations)
-    baseline = timed(read_inputs, iterations)
-    scrape = timed(agent.metrics.render, max(20, iterations // 5))
+    cycle_samples = timed_ms(cycle, iterations)
+    baseline = timed_ms(read_inputs, iterations)
+    scrape = timed_ms(agent.metrics.render, max(20, iterations // 5))
     report("cycle (join + enforcement decision + metrics)", cycle_samples)
     report("baseline: read every input once", baseline)
     report("/metrics scrape (generate_latest)", scrape)
@@ -217,7 +201,7 @@ def main() -> int:
                 f"cri-containerd-{owner}.scope\n"
             )
         pids = list(owners)
-        cgroups = timed(
+        cgroups = timed_ms(
             lambda: resolve_owners(pids, proc_root=proc_root, known=index.knows),
             max(20, iterations // 10),
         )

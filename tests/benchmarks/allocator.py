@@ -48,14 +48,9 @@ from plugin.health_monitor import HealthBoard
 from plugin.kubelet_sim import PluginClient
 from plugin.server import PluginServer
 from plugin.servicer import DevicePluginServicer
+from tests.benchmarks._stats import percentile, timed_ms
 
 TARGETS_MS = {(8, 100): 1.0, (16, 1000): 10.0}
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def node(gpu_count: int, units: int, *, seed: int = 4) -> tuple[DeviceTable, list[str]]:
@@ -96,15 +91,6 @@ async def interleaved(
             start = time.perf_counter()
             await fn()
             out.append((time.perf_counter() - start) * 1000)
-    return samples
-
-
-def timed_sync(fn: Callable[[], object], rounds: int) -> list[float]:
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1000)
     return samples
 
 
@@ -190,11 +176,11 @@ async def scenario(gpu_count: int, units: int, rounds: int, socket_dir: Path) ->
     parsed_alloc = pb.AllocateRequest.FromString(alloc_request.SerializeToString())
     wire_available = parsed_pref.container_requests[0].available_deviceIDs
     wire_chosen = parsed_alloc.container_requests[0].devices_ids
-    pure_pref = timed_sync(
+    pure_pref = timed_ms(
         lambda: preferred_allocation(wire_available, [], size, table=table, policy="binpack"),
         rounds,
     )
-    pure_alloc = timed_sync(
+    pure_alloc = timed_ms(
         lambda: build_container_spec(table.lookup_all(wire_chosen), config=config), rounds
     )
 
