@@ -15,8 +15,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
+if TYPE_CHECKING:  # a light module: building a parser must not import pydantic
+    from pydantic import BaseModel
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
