@@ -42,12 +42,16 @@ WORKLOAD_VERSIONS: Final[dict[str, str]] = {"apps": "v1", "batch": "v1", "": "v1
 
 
 def classify(request: AdmissionRequest) -> Target:
-    """What kind of request this is, for the rules and for the metrics."""
+    """What kind of request this is, for the rules and for the metrics.
+
+    The HTTP adapter classifies once and passes the answer on (``target=``):
+    it needs it for the metrics and the namespace lookup as well.
+    """
     kind = request["kind"]
     group, version, name = kind["group"], kind["version"], kind["kind"]
     operation = request["operation"]
-    sub = request.get("subResource") or ""
-    if group == "" and version == "v1" and name == "Pod":
+    sub = request.get("subResource")
+    if name == "Pod" and group == "" and version == "v1":
         if operation == "CREATE" and not sub:
             return "pod"
         if operation == "UPDATE" and sub == "ephemeralcontainers":
@@ -63,9 +67,12 @@ def classify(request: AdmissionRequest) -> Target:
     return "other"
 
 
-def namespace_to_look_up(request: AdmissionRequest) -> str | None:
-    """The namespace whose facts :func:`admit` needs, or None when it needs none."""
-    if classify(request) == "other":
+def namespace_to_look_up(request: AdmissionRequest, *, target: Target | None = None) -> str | None:
+    """The namespace whose facts :func:`admit` needs, or None when it needs none.
+
+    ``target`` is ``classify(request)`` when the caller already has it.
+    """
+    if (target or classify(request)) == "other":
         return None
     return request.get("namespace") or None
 
@@ -75,10 +82,14 @@ def admit(
     *,
     settings: RuleSettings,
     namespace: NamespaceFacts = NO_NAMESPACE_FACTS,
+    target: Target | None = None,
 ) -> Decision:
     """Apply the rules that own this request. Raises ``PodShapeError`` for an object
-    that is not shaped like its kind (never sent by a real API server)."""
-    target = classify(request)
+    that is not shaped like its kind (never sent by a real API server).
+
+    ``target`` is ``classify(request)`` when the caller already has it.
+    """
+    target = target or classify(request)
     obj = request.get("object")
     if target == "other" or obj is None:
         return UNCHANGED

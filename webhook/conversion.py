@@ -13,7 +13,8 @@ with a message naming the container, the value and what would be accepted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -29,18 +30,22 @@ from webhook.model import (
     escape_pointer,
 )
 from webhook.quantity import (
+    Quantity,
     QuantityError,
     format_decimal,
     fraction_suggestion,
     nearest_units,
-    parse_quantity,
-    to_units,
+    read_quantity,
 )
 
 
 @dataclass(slots=True)
 class GpuPlan:
-    """What rule 1 decided for one container."""
+    """What rule 1 decided for one container.
+
+    Built once, at the end of :func:`plan_gpu`, from immutable defaults: most
+    containers ask for no GPU, and their plan is nothing but the container.
+    """
 
     container: Container
     units: int = 0
@@ -49,17 +54,17 @@ class GpuPlan:
     """The metagpu resource the units are of."""
     has_gpu: bool = False
     """Asks for any GPU (metagpu or whole NVIDIA GPUs): such a container is never voided."""
-    resource_ops: list[PatchOperation] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    original: dict[str, str] = field(default_factory=dict)
-    """What the container asked for, as sent: ``{"nvidia.com/gpu": "500m"}``."""
+    resource_ops: Sequence[PatchOperation] = ()
+    warnings: Sequence[str] = ()
+    original: Mapping[str, str] | None = None
+    """What the container asked for, as sent: ``{"nvidia.com/gpu": "500m"}``; None: nothing."""
 
 
-def show_value(raw: Any, value: Decimal | None = None) -> str:
+def show_value(raw: Any, value: Decimal | Quantity | None = None) -> str:
     """``0.333 ("333m")``: the value in plain notation, and as sent if that differs."""
     if value is None:
         return f'"{raw}"' if isinstance(raw, str) else repr(raw)
-    plain = format_decimal(value)
+    plain = value.plain if isinstance(value, Quantity) else format_decimal(value)
     if isinstance(raw, str) and raw != plain:
         return f'{plain} ("{raw}")'
     return plain
@@ -71,20 +76,20 @@ def plan_gpu(c: Container, *, settings: RuleSettings, findings: Findings) -> Gpu
     Problems go to ``findings``; the plan's own warnings are kept on the plan
     so a caller (the workload rule) can word them for its context.
     """
-    plan = GpuPlan(c)
     resources = as_map(c.obj.get("resources"), c.label, " resources")
     if not resources:
-        return plan
+        return GpuPlan(c)
     limits = as_map(resources.get("limits"), c.label, " resources.limits")
     requests = as_map(resources.get("requests"), c.label, " resources.requests")
     gpu = settings.gpu_resources
     names = [n for n in limits if n in gpu]
-    names.extend(n for n in requests if n in gpu and n not in limits)
+    for n in requests:
+        if n in gpu and n not in limits:
+            names.append(n)
     if not names:
-        return plan
+        return GpuPlan(c)
 
-    plan.has_gpu = True
-    shares: list[tuple[str, Decimal, Any]] = []  # (resource, value, raw): ours
+    shares: list[tuple[str, Quantity, Any]] = []  # (resource, value, raw): ours
     whole: list[tuple[str, Any]] = []  # whole NVIDIA GPUs: NVIDIA's device plugin serves them
     before = len(findings.problems)
     for name in names:
@@ -92,22 +97,23 @@ def plan_gpu(c: Container, *, settings: RuleSettings, findings: Findings) -> Gpu
         if read is None:
             continue
         value, raw = read
-        is_whole = value == value.to_integral_value()
         if name in settings.metagpu_resources or (
             name in settings.fraction_resources
-            and not (name == NVIDIA_GPU_RESOURCE and is_whole and not settings.convert_whole_gpus)
+            and not (
+                name == NVIDIA_GPU_RESOURCE and value.whole and not settings.convert_whole_gpus
+            )
         ):
             shares.append((name, value, raw))
         else:
             whole.append((name, raw))
     if len(findings.problems) > before or not shares:
-        return plan
+        return GpuPlan(c, has_gpu=True)
     if len(shares) > 1:
         listed = ", ".join(f"{n} {show_value(r, v)}" for n, v, r in shares)
         findings.deny(
             f"{c.label} asks for a GPU share in more than one way ({listed}); use only one"
         )
-        return plan
+        return GpuPlan(c, has_gpu=True)
     name, value, raw = shares[0]
     if whole:
         listed = ", ".join(f"{wn} {show_value(wr)}" for wn, wr in whole)
@@ -115,7 +121,7 @@ def plan_gpu(c: Container, *, settings: RuleSettings, findings: Findings) -> Gpu
             f"{c.label} mixes a GPU share ({name} {show_value(raw, value)}) with whole GPUs "
             f"({listed}); ask for one or the other"
         )
-        return plan
+        return GpuPlan(c, has_gpu=True)
     if name in settings.metagpu_resources:
         units = _check_units(c, name=name, value=value, raw=raw, s=settings, findings=findings)
         target = name
@@ -123,24 +129,31 @@ def plan_gpu(c: Container, *, settings: RuleSettings, findings: Findings) -> Gpu
         units = _check_fraction(c, name=name, value=value, raw=raw, s=settings, findings=findings)
         target = settings.resource_name
     if units is None:
-        return plan
-    plan.units = units
-    plan.resource = target
-    plan.original = {name: _original_text(limits.get(name, requests.get(name)))}
-    plan.resource_ops = _resource_ops(
-        c, source=name, target=target, units=units, resources=resources, limits=limits
-    )
+        return GpuPlan(c, has_gpu=True)
+    warnings: tuple[str, ...] = ()
     if name != target:
-        plan.warnings.append(
+        warnings = (
             f"{c.label}: {name} {show_value(raw, value)} converted to {target} {units} "
-            f"({settings.units_per_gpu} units per GPU)"
+            f"({settings.units_per_gpu} units per GPU)",
         )
-    return plan
+    return GpuPlan(
+        c,
+        units=units,
+        resource=target,
+        has_gpu=True,
+        resource_ops=_resource_ops(
+            c, source=name, target=target, units=units, resources=resources, limits=limits
+        ),
+        warnings=warnings,
+        original={name: raw if isinstance(raw, str) else value.plain},
+    )
 
 
 def check_pod_resources(spec: Obj, *, settings: RuleSettings, findings: Findings) -> None:
     """Pod-level ``spec.resources`` takes no GPUs; say so rather than let it through."""
     resources = as_map(spec.get("resources"), "spec.resources")
+    if not resources:
+        return  # most pods
     for side in ("limits", "requests"):
         for name in as_map(resources.get(side), "spec.resources.", side):
             if name in settings.gpu_resources:
@@ -151,35 +164,29 @@ def check_pod_resources(spec: Obj, *, settings: RuleSettings, findings: Findings
 
 
 # ----------------------------------------------------------------- internals
-def _original_text(raw: Any) -> str:
-    if isinstance(raw, str):
-        return raw
-    try:
-        return format_decimal(parse_quantity(raw))
-    except QuantityError:
-        return str(raw)
-
-
 def _read_pair(
     c: Container, name: str, limits: Obj, requests: Obj, findings: Findings
-) -> tuple[Decimal, Any] | None:
-    """Parse the limit and request of ``name``; they must agree when both are set."""
+) -> tuple[Quantity, Any] | None:
+    """Parse the limit and request of ``name``; they must agree when both are set.
+
+    Returns the value and the text it was read from (the limit's when set).
+    """
     limit_raw = limits.get(name, _MISSING)
     request_raw = requests.get(name, _MISSING)
     try:
-        limit = None if limit_raw is _MISSING else parse_quantity(limit_raw)
+        limit = None if limit_raw is _MISSING else read_quantity(limit_raw)
     except QuantityError as exc:
         findings.deny(f"{c.label}: limits {name}: {exc}")
         return None
     try:
-        request = None if request_raw is _MISSING else parse_quantity(request_raw)
+        request = None if request_raw is _MISSING else read_quantity(request_raw)
     except QuantityError as exc:
         findings.deny(f"{c.label}: requests {name}: {exc}")
         return None
     if limit is None:
         assert request is not None
         return request, request_raw
-    if request is not None and request != limit:
+    if request is not None and request is not limit and request.value != limit.value:
         findings.deny(
             f"{c.label}: {name} limits ({show_value(limit_raw, limit)}) and requests "
             f"({show_value(request_raw, request)}) disagree; extended resources need them "
@@ -193,24 +200,31 @@ _MISSING: Any = object()
 
 
 def _check_fraction(
-    c: Container, *, name: str, value: Decimal, raw: Any, s: RuleSettings, findings: Findings
+    c: Container, *, name: str, value: Quantity, raw: Any, s: RuleSettings, findings: Findings
 ) -> int | None:
-    if value <= 0:
-        what = "asks for no GPU" if value == 0 else "is negative"
+    """Units for a share of one GPU, or None (and a denial) when it has no exact answer.
+
+    Exact integer arithmetic on the share's ratio: the common case builds no
+    Decimal and no message.
+    """
+    numerator, denominator = value.numerator, value.denominator
+    if numerator <= 0:
+        what = "asks for no GPU" if numerator == 0 else "is negative"
         findings.deny(
             f"{c.label}: {name} {show_value(raw, value)} {what}; ask for {_share_range(s)}"
         )
         return None
-    if value > s.max_gpus:
+    max_numerator, max_denominator = s.max_gpus_ratio
+    if numerator * max_denominator > max_numerator * denominator:
         findings.deny(
             f"{c.label}: {name} {show_value(raw, value)} is more than the configured maximum "
             f"of {format_decimal(s.max_gpus)} GPUs per container; ask for {_share_range(s)}"
         )
         return None
-    units = to_units(value, s.units_per_gpu)
-    if units is None:
-        low, high = nearest_units(value, s.units_per_gpu)
-        as_fraction = fraction_suggestion(value, s.units_per_gpu)
+    units, remainder = divmod(numerator * s.units_per_gpu, denominator)
+    if remainder:
+        low, high = nearest_units(value.value, s.units_per_gpu)
+        as_fraction = fraction_suggestion(value.value, s.units_per_gpu)
         as_units = " or ".join(str(u) for u in dict.fromkeys((low, high)) if u > 0)
         hint = f"{s.resource_name}: {as_units}"
         hint = f"use {as_fraction}, or {hint}" if as_fraction else f"use {hint}"
@@ -228,14 +242,15 @@ def _share_range(s: RuleSettings) -> str:
 
 
 def _check_units(
-    c: Container, *, name: str, value: Decimal, raw: Any, s: RuleSettings, findings: Findings
+    c: Container, *, name: str, value: Quantity, raw: Any, s: RuleSettings, findings: Findings
 ) -> int | None:
-    units = int(value)
-    if units == value and 0 < units <= s.max_units:
+    """Units of a metagpu resource as they are, or None (and a denial) when not 1..max_units."""
+    units = value.numerator
+    if value.whole and 0 < units <= s.max_units:
         return units  # the common case: no message to build
     shown = show_value(raw, value)
     accepted = f"a whole number of units from 1 to {s.max_units} ({s.units_per_gpu} per GPU)"
-    if units != value:
+    if not value.whole:
         example = (
             f"; for half a GPU write {name}: {s.units_per_gpu // 2}"
             if s.units_per_gpu % 2 == 0

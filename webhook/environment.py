@@ -17,7 +17,7 @@ explicit ``env`` entry, which is what this module adds, overrides them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -58,6 +58,8 @@ class EnvEdit:
     def of(cls, c: Container) -> EnvEdit:
         env = c.obj.get("env")
         index: dict[str, list[tuple[int, EnvItem]]] = {}
+        if env is None:  # most GPU containers
+            return cls(c, False, index)
         for i, item in enumerate(as_list(env, c.label, " env")):
             if isinstance(item, Mapping):
                 name = item.get("name")
@@ -65,10 +67,12 @@ class EnvEdit:
                     index.setdefault(name, []).append((i, item))
         return cls(c, env is not None, index)
 
-    def get(self, name: str) -> list[tuple[int, EnvItem]]:
-        return self.index.get(name, [])
+    def get(self, name: str) -> Sequence[tuple[int, EnvItem]]:
+        return self.index.get(name, ())
 
     def ops(self) -> list[PatchOperation]:
+        if not self.remove and not self.add:
+            return []
         path = self.container.path + "/env"
         out: list[PatchOperation] = [
             {"op": "remove", "path": f"{path}/{i}"} for i in sorted(set(self.remove), reverse=True)
@@ -117,6 +121,8 @@ def check_gpu_container(
                 "whole GPUs",
                 "Forbidden",
             )
+    if not edit.index:
+        return  # no env of its own: nothing to refuse
     why = f"it requests {resource} and metagpu chooses the GPU it sees"
     for var in VISIBLE_DEVICE_VARS:
         for i, item in edit.get(var):
@@ -212,7 +218,7 @@ def add_policy_env(
     item = cap[-1][1]
     try:
         given = float(item.get("value") or "")
-    except ValueError:
+    except (ValueError, TypeError, OverflowError):  # not a number, not a string, beyond a float
         given = math.nan
     if not 0 < given <= share:
         findings.deny(

@@ -10,7 +10,7 @@ is something else.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
@@ -92,6 +92,29 @@ Decision = Mutation | Denial
 UNCHANGED: Final = Mutation()
 
 
+class TolerationKey(NamedTuple):
+    """A configured toleration with Kubernetes' defaults filled in, built once at start-up,
+    so comparing a pod's tolerations with it reads only the pod's fields."""
+
+    key: str
+    operator: str
+    value: str
+    effect: str
+    seconds: int | None
+    """``tolerationSeconds``; None when unset."""
+
+    @classmethod
+    def of(cls, toleration: Mapping[str, Any]) -> TolerationKey:
+        get = toleration.get
+        return cls(
+            get("key") or "",
+            get("operator") or "Equal",
+            get("value") or "",
+            get("effect") or "",
+            get("tolerationSeconds"),
+        )
+
+
 @dataclass(frozen=True)
 class RuleSettings:
     """The config, pre-digested once for the hot path (sets, Decimals, ready-made dicts)."""
@@ -104,8 +127,12 @@ class RuleSettings:
     units_per_gpu: int
     convert_whole_gpus: bool
     max_gpus: Decimal
+    max_gpus_ratio: tuple[int, int]
+    """``max_gpus`` as an exact ratio, for comparing shares without the decimal module."""
     max_units: int
     tolerations: tuple[dict[str, Any], ...]
+    toleration_keys: tuple[TolerationKey, ...]
+    """``tolerations`` with their defaults filled in, for comparing with a pod's."""
     runtime_class_name: str | None
     void_runtime_class: str
     """The runtime class under which containers without a GPU are voided:
@@ -120,6 +147,7 @@ class RuleSettings:
         metagpu = frozenset([config.resource_name, *config.extra_resource_names])
         fractions = frozenset(config.fraction_resource_names)
         max_gpus = Decimal(repr(float(config.max_gpus_per_container)))
+        tolerations = tuple(t.as_kubernetes() for t in config.tolerations)
         return cls(
             resource_name=config.resource_name,
             metagpu_resources=metagpu,
@@ -128,8 +156,10 @@ class RuleSettings:
             units_per_gpu=config.units_per_gpu,
             convert_whole_gpus=config.convert_whole_gpus,
             max_gpus=max_gpus,
+            max_gpus_ratio=max_gpus.as_integer_ratio(),
             max_units=math.floor(max_gpus * config.units_per_gpu),
-            tolerations=tuple(t.as_kubernetes() for t in config.tolerations),
+            tolerations=tolerations,
+            toleration_keys=tuple(TolerationKey.of(t) for t in tolerations),
             runtime_class_name=config.runtime_class_name,
             void_runtime_class=config.runtime_class_name or "nvidia",
             default_compute_policy=config.default_compute_policy,
@@ -173,10 +203,6 @@ class Container(NamedTuple):
     """``container "train"``, ``init container "warmup"``: how messages name it."""
 
 
-CONTAINER_LISTS: Final = (("initContainers", "init container"), ("containers", "container"))
-"""The lists whose containers can ask for resources, with how messages name them."""
-
-
 def as_map(value: Any, *where: str) -> Obj:
     """``value`` as a map; missing or null is empty.
 
@@ -213,22 +239,26 @@ def add_op(path: str, value: Any) -> PatchOperation:
     return {"op": "add", "path": path, "value": value}
 
 
-def container_list(
-    spec: Obj, key: str, base: str, *, label: str = "container"
-) -> Iterator[Container]:
+def container_list(spec: Obj, key: str, base: str, *, label: str = "container") -> list[Container]:
     """The containers of ``spec[key]``, with their JSON Pointers under ``base``."""
+    found: list[Container] = []
     for i, c in enumerate(as_list(spec.get(key), "spec.", key)):
         if c.__class__ is not dict and not isinstance(c, Mapping):
             raise PodShapeError(f"spec.{key}[{i}] must be a map, got {type(c).__name__}")
         name = c.get("name")
         shown = name if isinstance(name, str) and name else f"#{i}"
-        yield Container(c, f"{base}/{key}/{i}", shown, f'{label} "{shown}"')
+        found.append(Container(c, f"{base}/{key}/{i}", shown, f'{label} "{shown}"'))
+    return found
 
 
-def containers(spec: Obj, base: str) -> Iterator[Container]:
+def containers(spec: Obj, base: str) -> list[Container]:
     """Init containers, then containers (ephemeral ones cannot ask for resources)."""
-    for key, label in CONTAINER_LISTS:
-        yield from container_list(spec, key, base, label=label)
+    if spec.get("initContainers") is None:  # most pods
+        return container_list(spec, "containers", base)
+    return [
+        *container_list(spec, "initContainers", base, label="init container"),
+        *container_list(spec, "containers", base),
+    ]
 
 
 def annotations_of(meta: Obj) -> Obj:

@@ -36,7 +36,7 @@ import re
 from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
-from typing import Final
+from typing import Final, NamedTuple
 
 MAX_QUANTITY_CHARS: Final = 64
 """The API server's own quantities are far shorter; anything longer is garbage."""
@@ -127,6 +127,47 @@ def _parse_text(text: str) -> Decimal:
     elif match["suffix"] is not None:
         value = _EXACT.multiply(value, _SUFFIX_MULTIPLIER[match["suffix"]])
     return value
+
+
+class Quantity(NamedTuple):
+    """A parsed quantity with what the rules ask of it, worked out once per distinct text.
+
+    The rules compare and convert shares as exact integer ratios, which keeps
+    the decimal module off the hot path; ``value`` and ``plain`` are for
+    messages.
+    """
+
+    value: Decimal
+    plain: str
+    """:func:`format_decimal` of ``value``: ``0.5`` for ``500m``."""
+    numerator: int
+    denominator: int
+    """``value == numerator / denominator`` in lowest terms; 1 for whole numbers."""
+
+    @property
+    def whole(self) -> bool:
+        """A whole number (``1``, ``2000m``, ``1E``)."""
+        return self.denominator == 1
+
+
+def read_quantity(raw: object) -> Quantity:
+    """:func:`parse_quantity`, with the value's plain text and exact ratio.
+
+    Raises :class:`QuantityError` like :func:`parse_quantity`.
+    """
+    if isinstance(raw, str):
+        return _read_text(raw)
+    return _quantity_of(parse_quantity(raw))
+
+
+@lru_cache(maxsize=4096)
+def _read_text(text: str) -> Quantity:
+    return _quantity_of(_parse_text(text))
+
+
+def _quantity_of(value: Decimal) -> Quantity:
+    numerator, denominator = value.as_integer_ratio()
+    return Quantity(value, format_decimal(value), numerator, denominator)
 
 
 @lru_cache(maxsize=4096)

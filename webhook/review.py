@@ -7,14 +7,39 @@ everything after it can index without guarding; a malformed envelope raises
 a :class:`ReviewError`, which the HTTP adapter turns into a 400, the first of
 the two error channels. The second channel, a policy denial, is an ordinary
 response built by :func:`build_response` with ``allowed: false``.
+
+JSON goes through orjson both ways: it parses the ~3.5 KB review a real API
+server sends about twice as fast as the standard library and encodes the
+answer several times faster (``docs/benchmarks.md`` has what each step of a
+review costs). What it accepts and writes is pinned to the standard
+library's (``tests/webhook/test_review.py``, ``test_review_hypothesis.py``):
+
+* a body orjson refuses is answered 400, with the standard library's message
+  where it refuses too (it says where the mistake is), else orjson's. So what
+  is not RFC 8259 JSON is refused although ``json.loads`` takes it: ``NaN``
+  and ``Infinity``, lone UTF-16 surrogates (``"\\ud800"``: not text, and the
+  answer could not be encoded), and numbers too large for a double;
+* an integer beyond 64 bits (below ``-2**63`` or above ``2**64 - 1``) is read
+  as the nearest float, as Kubernetes' own JSON decoding of unstructured
+  objects does. The API server never sends one (its integers are int64, its
+  quantities strings), so only a hand-made review can hold one; a GPU share
+  written that way is still far beyond every limit and denied (a whole
+  ``nvidia.com/gpu`` count below 10^31 is still left to NVIDIA's plugin, and
+  one above refused as out of range). Reading such bodies exactly would mean
+  scanning every body for long digit runs: about 10 us per review in the
+  server, two thirds of what the parse itself costs there;
+* answers are byte for byte what ``json.dumps(..., ensure_ascii=False)``
+  writes, compact.
 """
 
 from __future__ import annotations
 
-import base64
+import binascii
 import json
 from collections.abc import Sequence
 from typing import Any, Final, Literal, NotRequired, TypedDict, cast
+
+import orjson
 
 from webhook.rules import Decision, Denial, PatchOperation
 
@@ -99,9 +124,14 @@ class UnsupportedReviewError(ReviewError):
     """Valid JSON, but not ``admission.k8s.io/v1`` ``AdmissionReview``."""
 
 
-_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
-"""One compact encoder, built once (``json.dumps`` with options builds one per call). No
-circularity check: what it encodes is built here or parsed from JSON, never cyclic."""
+_DEPTH_LIMIT: Final = 1024
+"""orjson's nesting limit; deeper documents are refused (the standard library's was about 1000)."""
+
+_FALLBACK_ENCODER: Final = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, check_circular=False
+)
+"""For the one value orjson refuses to encode and JSON allows: an integer wider than
+64 bits (a ``tolerationSeconds`` from the config, say). Never on the hot path."""
 
 MAX_WARNINGS: Final = 20
 MAX_WARNING_CHARS: Final = 256
@@ -111,21 +141,53 @@ what is shown readable rather than cut in the middle."""
 
 def decode_review(body: bytes) -> AdmissionRequest:
     """Parse and check a request body; raises :class:`ReviewError`."""
+    return parse_review(decode_json(body))
+
+
+def decode_json(body: bytes) -> object:
+    """The JSON document in ``body``; :class:`ReviewError` for a body that is not UTF-8
+    RFC 8259 JSON (see the module docstring for how that differs from ``json.loads``)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _not_json(body, exc) from exc
+
+
+def _not_json(body: bytes, exc: orjson.JSONDecodeError) -> MalformedReviewError:
+    """Why ``body`` is refused, in the clearest words available (the error path only)."""
     try:
         text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise MalformedReviewError(f"request body is not UTF-8 JSON: {exc}") from exc
+    except UnicodeDecodeError as bad:
+        return MalformedReviewError(f"request body is not UTF-8 JSON: {bad}")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MalformedReviewError(f"request body is not JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise MalformedReviewError("request body is nested too deeply to be a review") from exc
-    return parse_review(data)
+        json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as std:
+        return MalformedReviewError(f"request body is not JSON: {std}")
+    except RecursionError:
+        return MalformedReviewError(
+            f"request body is nested too deeply to be a review (more than {_DEPTH_LIMIT} levels)"
+        )
+    except _NotJsonConstantError as constant:
+        return MalformedReviewError(f"request body is not JSON: {constant}")
+    # What only orjson refuses: lone surrogates, numbers beyond a double.
+    return MalformedReviewError(f"request body is not JSON: {exc}")
+
+
+class _NotJsonConstantError(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> object:
+    raise _NotJsonConstantError(f"{name} is not a JSON number (JSON has no NaN or Infinity)")
 
 
 def parse_review(data: object) -> AdmissionRequest:
-    """Check the envelope of an already-parsed AdmissionReview and return its request."""
+    """Check the envelope of an already-parsed AdmissionReview and return its request.
+
+    The checks a review from a real API server passes are written as plain
+    type tests, one per field, and their messages are built only on failure:
+    this runs on every request.
+    """
     if not isinstance(data, dict):
         raise MalformedReviewError(
             f"request body must be a JSON object (an AdmissionReview), got {type(data).__name__}"
@@ -167,17 +229,31 @@ def parse_review(data: object) -> AdmissionRequest:
     return cast(AdmissionRequest, request)
 
 
-def _require_strings(request: dict[str, Any], key: str, fields: Sequence[str]) -> None:
+def _require_strings(request: dict[str, Any], key: str, fields: tuple[str, str, str]) -> None:
     value = request.get(key)
-    if not isinstance(value, dict) or not all(isinstance(value.get(f), str) for f in fields):
+    if (
+        not isinstance(value, dict)
+        or not isinstance(value.get(fields[0]), str)
+        or not isinstance(value.get(fields[1]), str)
+        or not isinstance(value.get(fields[2]), str)
+    ):
         raise MalformedReviewError(
             f"request.{key} must be an object with string fields {', '.join(fields)}, got {value!r}"
         )
 
 
-def encode_patch(patch: Sequence[PatchOperation]) -> str:
-    """The base64 JSON Patch document of an AdmissionResponse."""
-    return base64.b64encode(_ENCODER.encode(list(patch)).encode()).decode("ascii")
+def encode_patch(patch: Sequence[PatchOperation]) -> bytes:
+    """The base64 JSON Patch document of an AdmissionResponse (ASCII bytes)."""
+    return binascii.b2a_base64(_dumps(patch), newline=False)
+
+
+def _dumps(value: object) -> bytes:
+    """Compact UTF-8 JSON, as ``json.dumps(ensure_ascii=False)`` writes it, byte for byte, for
+    what answers hold: strings, integers, booleans, null (no floats: orjson writes ``1e16``)."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return _FALLBACK_ENCODER.encode(value).encode()
 
 
 def build_response(uid: str, decision: Decision) -> AdmissionReview:
@@ -191,7 +267,7 @@ def build_response(uid: str, decision: Decision) -> AdmissionReview:
         }
     elif decision.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = encode_patch(decision.patch)
+        response["patch"] = encode_patch(decision.patch).decode("ascii")
     if decision.warnings:
         response["warnings"] = trim_warnings(decision.warnings)
     return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
@@ -209,35 +285,35 @@ def trim_warnings(warnings: Sequence[str]) -> list[str]:
 
 def encode_review(review: AdmissionReview) -> bytes:
     """Compact JSON bytes of a response review."""
-    return _ENCODER.encode(review).encode()
+    return _dumps(review)
 
 
-_RESPONSE_HEAD: Final = f'{{"apiVersion":"{API_VERSION}","kind":"{KIND}","response":{{"uid":'
+_RESPONSE_HEAD: Final = (
+    f'{{"apiVersion":"{API_VERSION}","kind":"{KIND}","response":{{"uid":'.encode()
+)
 
 
 def encode_response(uid: str, decision: Decision) -> bytes:
     """``encode_review(build_response(uid, decision))``, assembled directly (the hot path).
 
     The base64 patch needs no JSON escaping, so it is spliced in rather than
-    re-scanned by the encoder: about twice as fast as building the dict and
-    encoding it, byte for byte the same document (tests compare the two).
+    built into a dict and scanned again by the encoder; byte for byte the same
+    document (``tests/webhook/test_review.py`` compares the two).
     """
-    parts = [_RESPONSE_HEAD, _ENCODER.encode(uid)]
+    parts = [_RESPONSE_HEAD, _dumps(uid)]
     if isinstance(decision, Denial):
-        parts.append(',"allowed":false,"status":')
+        parts.append(b',"allowed":false,"status":')
         parts.append(
-            _ENCODER.encode(
-                {"code": decision.code, "reason": decision.reason, "message": decision.message}
-            )
+            _dumps({"code": decision.code, "reason": decision.reason, "message": decision.message})
         )
     else:
-        parts.append(',"allowed":true')
+        parts.append(b',"allowed":true')
         if decision.patch:
-            parts.append(',"patchType":"JSONPatch","patch":"')
+            parts.append(b',"patchType":"JSONPatch","patch":"')
             parts.append(encode_patch(decision.patch))
-            parts.append('"')
+            parts.append(b'"')
     if decision.warnings:
-        parts.append(',"warnings":')
-        parts.append(_ENCODER.encode(trim_warnings(decision.warnings)))
-    parts.append("}}")
-    return "".join(parts).encode()
+        parts.append(b',"warnings":')
+        parts.append(_dumps(trim_warnings(decision.warnings)))
+    parts.append(b"}}")
+    return b"".join(parts)

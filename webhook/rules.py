@@ -32,9 +32,10 @@ exactly what changed.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from collections.abc import Mapping
+from typing import Any, Final, NamedTuple
+
+import orjson
 
 from plugin.api.resources import (
     ANNOTATION_COMPUTE_POLICY,
@@ -64,6 +65,7 @@ from webhook.model import (
     PatchOperation,
     PodShapeError,
     RuleSettings,
+    TolerationKey,
     add_op,
     annotations_of,
     as_list,
@@ -111,7 +113,7 @@ def mutate_pod(
     meta = as_map(pod.get("metadata"), "metadata")
     spec = as_map(pod.get("spec"), "spec")
     findings = Findings()
-    pod_containers = list(containers(spec, "/spec"))
+    pod_containers = containers(spec, "/spec")
 
     if opted_out(meta, namespace):
         # No mutation and no conversion: the pod is not ours. But a label any pod
@@ -131,22 +133,27 @@ def mutate_pod(
 
     plans = [plan_gpu(c, settings=settings, findings=findings) for c in pod_containers]
     check_pod_resources(spec, settings=settings, findings=findings)
-    uses_metagpu = any(p.units for p in plans)
     ops: list[PatchOperation] = []
+    uses_metagpu = False
     for plan in plans:
-        ops.extend(plan.resource_ops)
-        findings.warnings.extend(plan.warnings)
+        if plan.resource_ops:
+            ops.extend(plan.resource_ops)
+        if plan.warnings:
+            findings.warnings.extend(plan.warnings)
+        if plan.units:
+            uses_metagpu = True
 
     runtime_class = spec.get("runtimeClassName")
     policy: ComputePolicy | None = None
     annotations: dict[str, str] = {}
     if uses_metagpu:
-        ops.extend(_toleration_ops(spec, settings.tolerations))
+        ops.extend(_toleration_ops(spec, settings))
         if not runtime_class and settings.runtime_class_name:
             runtime_class = settings.runtime_class_name
             ops.append(add_op("/spec/runtimeClassName", runtime_class))
-        policy = _resolve_policy(meta, namespace, settings, findings)
-        if policy is not None and annotations_of(meta).get(ANNOTATION_COMPUTE_POLICY) is None:
+        pod_annotations = annotations_of(meta)
+        policy = _resolve_policy(pod_annotations, namespace, settings, findings)
+        if policy is not None and pod_annotations.get(ANNOTATION_COMPUTE_POLICY) is None:
             annotations[ANNOTATION_COMPUTE_POLICY] = policy
 
     void = settings.void_non_gpu_containers and runtime_class == settings.void_runtime_class
@@ -262,12 +269,12 @@ def mutate_workload(
         return _decide(findings, [], namespace=namespace)
     base = "/" + "/".join(path)
     ops: list[PatchOperation] = []
-    record: dict[str, dict[str, str]] = {}
+    record: dict[str, Mapping[str, str]] = {}
     for c in containers(spec, base + "/spec"):
         plan = plan_gpu(c, settings=settings, findings=findings)
         ops.extend(plan.resource_ops)
         findings.warnings.extend(f"{kind} template: {w}" for w in plan.warnings)
-        if plan.resource_ops:
+        if plan.resource_ops and plan.original:
             record[c.name] = plan.original
     if not ops:
         return _decide(findings, [], namespace=namespace)
@@ -276,14 +283,13 @@ def mutate_workload(
 
 
 # -------------------------------------------------------------- decision
-@dataclass(frozen=True)
-class _MetaChange:
+class _MetaChange(NamedTuple):
     """Annotations to add to the object's (or template's) metadata when it changes."""
 
     base: str
     meta: Obj
     annotations: dict[str, str]
-    record: dict[str, dict[str, str]]
+    record: dict[str, Mapping[str, str]]
 
 
 def _decide(
@@ -298,6 +304,9 @@ def _decide(
     Why the namespace could not be read is only worth a warning when the answer
     depended on it, i.e. when something was changed or refused: a pod that asks
     for no GPU should not print a metagpu warning on every ``kubectl run``.
+
+    ``ops`` and ``meta.annotations`` are the caller's own, built for this call:
+    they are extended in place rather than copied.
     """
     if findings.problems:
         messages = dict.fromkeys(m for m, _ in findings.problems)
@@ -310,49 +319,66 @@ def _decide(
             warnings=tuple(dict.fromkeys([*namespace.warnings, *findings.warnings])),
         )
     if meta is not None and (ops or meta.annotations):
-        annotations = dict(meta.annotations)
+        annotations = meta.annotations
         recorded = _merged_record(annotations_of(meta.meta), meta.record, findings)
         if recorded is not None:
             annotations[ANNOTATION_ORIGINAL_REQUEST] = recorded
-        ops = [*ops, *_annotation_ops(meta.base, meta.meta, annotations)]
+        ops.extend(_annotation_ops(meta.base, meta.meta, annotations))
     if not ops and not findings.warnings:
         return UNCHANGED
-    warnings = [*namespace.warnings, *findings.warnings] if ops else findings.warnings
-    return Mutation(patch=tuple(ops), warnings=tuple(dict.fromkeys(warnings)))
+    warnings = findings.warnings
+    if ops and namespace.warnings:
+        warnings = [*namespace.warnings, *warnings]
+    return Mutation(patch=tuple(ops), warnings=tuple(dict.fromkeys(warnings)) if warnings else ())
 
 
 # -------------------------------------------------------------- rules 2-4
-def _tolerates(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+def _tolerates(existing: Mapping[str, Any], wanted: TolerationKey) -> bool:
     """True when ``existing`` tolerates every taint that ``wanted`` tolerates.
 
     So an ``operator: Exists`` toleration without a key (MetaGPU's own example
-    pod has one) covers everything, and nothing is added twice.
+    pod has one) covers everything, and nothing is added twice. The pod's
+    toleration is read field by field, as far as needed: most differ in effect.
     """
     effect = existing.get("effect") or ""
-    if effect and effect != (wanted.get("effect") or ""):
+    if effect and effect != wanted.effect:
         return False
     seconds = existing.get("tolerationSeconds")
-    if seconds is not None and (wanted.get("effect") or "NoExecute") == "NoExecute":
-        wanted_seconds = wanted.get("tolerationSeconds")
-        if wanted_seconds is None or seconds < wanted_seconds:
-            return False  # evicted sooner than the configured toleration allows
+    if seconds is not None and (type(seconds) is not int):
+        # The API server decodes it as int64 before calling us; anything else is
+        # hand-made input, answered with a 400 rather than a comparison error.
+        raise PodShapeError(
+            f"spec.tolerations: tolerationSeconds must be an integer, got {seconds!r}"
+        )
+    if (
+        seconds is not None
+        and (wanted.effect or "NoExecute") == "NoExecute"
+        and (wanted.seconds is None or seconds < wanted.seconds)
+    ):
+        return False  # evicted sooner than the configured toleration allows
     key = existing.get("key") or ""
     operator = existing.get("operator") or "Equal"
     if not key:
         return operator == "Exists"
-    if key != (wanted.get("key") or ""):
+    if key != wanted.key:
         return False
     if operator == "Exists":
         return True
-    return (wanted.get("operator") or "Equal") == "Equal" and (existing.get("value") or "") == (
-        wanted.get("value") or ""
-    )
+    return wanted.operator == "Equal" and (existing.get("value") or "") == wanted.value
 
 
-def _toleration_ops(spec: Obj, wanted: Sequence[Mapping[str, Any]]) -> list[PatchOperation]:
+def _toleration_ops(spec: Obj, settings: RuleSettings) -> list[PatchOperation]:
+    """Add the configured tolerations that no toleration of the pod already covers."""
     current = spec.get("tolerations")
-    existing = [t for t in as_list(current, "spec.tolerations") if isinstance(t, Mapping)]
-    missing = [dict(w) for w in wanted if not any(_tolerates(t, w) for t in existing)]
+    existing = as_list(current, "spec.tolerations")
+    missing: list[dict[str, Any]] = []
+    for wanted, key in zip(settings.tolerations, settings.toleration_keys, strict=True):
+        for t in existing:
+            # (a dict class test first: the Mapping ABC check costs 10x more)
+            if (t.__class__ is dict or isinstance(t, Mapping)) and _tolerates(t, key):
+                break
+        else:
+            missing.append(dict(wanted))
     if not missing:
         return []
     if current is None:
@@ -361,14 +387,14 @@ def _toleration_ops(spec: Obj, wanted: Sequence[Mapping[str, Any]]) -> list[Patc
 
 
 def _resolve_policy(
-    meta: Obj, namespace: NamespaceFacts, settings: RuleSettings, findings: Findings
+    annotations: Obj, namespace: NamespaceFacts, settings: RuleSettings, findings: Findings
 ) -> ComputePolicy | None:
     """The pod's own annotation, else its namespace's, else the config default.
 
     A bad value on the pod is the author's to fix (denied); a bad value on the
     namespace is not, so it falls back to the default with a warning.
     """
-    own = annotations_of(meta).get(ANNOTATION_COMPUTE_POLICY)
+    own = annotations.get(ANNOTATION_COMPUTE_POLICY)
     if own is not None:
         if own in COMPUTE_POLICIES:
             return own  # type: ignore[no-any-return]
@@ -390,10 +416,11 @@ def _resolve_policy(
 
 # ---------------------------------------------------------- rule 8 + meta
 _RECORD_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+"""How the record is written: compact, sorted, ASCII (so it reads the same in any tool)."""
 
 
 def _merged_record(
-    annotations: Obj, record: dict[str, dict[str, str]], findings: Findings
+    annotations: Obj, record: dict[str, Mapping[str, str]], findings: Findings
 ) -> str | None:
     """The ``original-request`` value after this run, or None when it need not change.
 
@@ -402,22 +429,39 @@ def _merged_record(
     record inherited from the template still says what the user wrote.
     """
     old = annotations.get(ANNOTATION_ORIGINAL_REQUEST)
+    if old is None:
+        return _record_text(record)  # the usual case: a pod converted for the first time
     merged: dict[str, Any] = {}
-    if old is not None:
-        try:
-            parsed = json.loads(old) if isinstance(old, str) else None
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict):
-            merged = parsed
-        else:
-            findings.warn(
-                f"annotation {ANNOTATION_ORIGINAL_REQUEST} was not a JSON object; replaced it"
-            )
+    try:
+        parsed = json.loads(old) if isinstance(old, str) else None
+    except (ValueError, RecursionError):
+        parsed = None
+    if isinstance(parsed, dict):
+        merged = parsed
+    else:
+        findings.warn(
+            f"annotation {ANNOTATION_ORIGINAL_REQUEST} was not a JSON object; replaced it"
+        )
     for name, original in record.items():
         merged.setdefault(name, original)
     text = _RECORD_ENCODER.encode(merged)
     return None if text == old else text
+
+
+def _record_text(record: dict[str, Mapping[str, str]]) -> str:
+    """``_RECORD_ENCODER.encode(record)``, through orjson when that gives the same text.
+
+    It does whenever the text is plain ASCII without DEL (which the standard
+    library would escape); container names and quantities are. Strings only:
+    the two write numbers differently.
+    """
+    try:
+        text = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # a lone surrogate (not from the HTTP path)
+        return _RECORD_ENCODER.encode(record)
+    if text.isascii() and b"\x7f" not in text:
+        return text.decode("ascii")
+    return _RECORD_ENCODER.encode(record)
 
 
 def _annotation_ops(base: str, meta: Obj, annotations: Mapping[str, str]) -> list[PatchOperation]:

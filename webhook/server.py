@@ -47,11 +47,11 @@ from typing import Final
 from aiohttp import web
 
 from certs.tls import ReloadingTLS, ServingPair
-from webhook.admission import admit, classify, namespace_to_look_up
+from webhook.admission import Target, admit, classify, namespace_to_look_up
 from webhook.config import WebhookConfig
 from webhook.embedded import ensure_local_bundle
 from webhook.metrics import METRICS_CONTENT_TYPE, Outcome, WebhookMetrics
-from webhook.model import NO_NAMESPACE_FACTS, Denial, PodShapeError, RuleSettings
+from webhook.model import NO_NAMESPACE_FACTS, Denial, NamespaceFacts, PodShapeError, RuleSettings
 from webhook.namespaces import NamespaceSource, open_namespace_source
 from webhook.review import (
     AdmissionRequest,
@@ -121,26 +121,33 @@ async def handle_mutate(request: web.Request) -> web.Response:
     except ReviewError as exc:
         return _bad_request(state, started, str(exc))
 
+    target = classify(review)
     try:
-        return await _answer(state, review, started)
+        facts = NO_NAMESPACE_FACTS
+        ns_name = namespace_to_look_up(review, target=target)
+        if ns_name is not None and state.namespaces is not None:
+            facts = await state.namespaces.facts(ns_name)
+        return _answer(state, review, target=target, namespace=facts, started=started)
     except Exception:
         # A bug, not a bad review: say so (500), count it, keep serving.
         logger.exception("internal error while reviewing", extra=_ref(review))
-        state.metrics.observe("error", classify(review), time.perf_counter() - started)
+        state.metrics.observe("error", target, time.perf_counter() - started)
         return web.Response(
             status=500, text=f"internal error reviewing uid {review['uid']}; see the webhook log\n"
         )
 
 
-async def _answer(state: WebhookState, review: AdmissionRequest, started: float) -> web.Response:
+def _answer(
+    state: WebhookState,
+    review: AdmissionRequest,
+    *,
+    target: Target,
+    namespace: NamespaceFacts,
+    started: float,
+) -> web.Response:
     """The decision for a checked review, as an HTTP response (200, or 400 for a bad object)."""
-    target = classify(review)
-    ns_name = namespace_to_look_up(review)
-    facts = NO_NAMESPACE_FACTS
-    if ns_name is not None and state.namespaces is not None:
-        facts = await state.namespaces.facts(ns_name)
     try:
-        decision = admit(review, settings=state.settings, namespace=facts)
+        decision = admit(review, settings=state.settings, namespace=namespace, target=target)
     except PodShapeError as exc:
         kind = review["kind"]["kind"]
         return _bad_request(state, started, f"request.object is not a valid {kind}: {exc}")

@@ -20,6 +20,16 @@ every connection and lets the caches fill); the figures are medians over
 rounds. Printed: throughput, p50 and p99 latency for each, and the ratio.
 Targets (issue 2): throughput >= 70% of the floor's, p99 < 10 ms.
 
+``--breakdown`` also starts one floor per step of ``/mutate``'s own work,
+each doing that step and the ones before it inside the floor's handler
+(``parse``: ``orjson.loads`` of the body; ``decode``: + the envelope checks;
+``rules``: + classifying and the rules; ``encode``: + encoding the answer,
+which it sends; ``metrics``: + the namespace lookup and the metrics), and
+prints what each step adds to the server's CPU per request under the same
+load: the figures ``docs/benchmarks.md`` explains. A step costs several
+times more there than in a loop of its own, because every request runs it
+with caches that TLS and aiohttp have just filled.
+
 A missed target is printed as MISS and the exit code stays 0: these are
 figures on a shared, noisy machine, not a test.
 """
@@ -44,6 +54,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from tests.benchmarks._stats import percentile  # noqa: E402 - after the path is set
 
 FIXTURE = ROOT / "tests" / "fixtures" / "admission" / "pod-half-gpu.json"
 TARGET_RATIO = 0.70
@@ -158,44 +170,77 @@ async def client_main(args: argparse.Namespace, body: bytes) -> None:
             lambda: _Connection(run), "127.0.0.1", args.port, ssl=ctx, server_hostname="127.0.0.1"
         )
     await asyncio.wait_for(run.done.wait(), args.warmup + args.duration + 30)
-    lat = sorted(run.latencies)
+    lat = run.latencies
     result = {
         "requests": len(lat),
         "seconds": args.duration,
-        "p50_ms": percentile(lat, 50) * 1000,
-        "p99_ms": percentile(lat, 99) * 1000,
+        "p50_ms": percentile(lat, 50) * 1000 if lat else float("nan"),
+        "p99_ms": percentile(lat, 99) * 1000 if lat else float("nan"),
         "errors": run.errors,
         "answered": run.answered,
     }
     print(json.dumps(result), flush=True)
 
 
-def percentile(sorted_values: list[float], pct: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    k = min(len(sorted_values) - 1, max(0, round(pct / 100 * len(sorted_values)) - 1))
-    return sorted_values[k]
-
-
 # ------------------------------------------------------------------- floor
+STEPS = ("parse", "decode", "rules", "encode", "metrics")
+"""``--breakdown`` floors, each doing ``/mutate``'s work up to and including that step."""
+STEP_LABELS = {
+    "parse": "+ orjson.loads of the body",
+    "decode": "+ the envelope checks (decode_review)",
+    "rules": "+ classify and the rules (admit)",
+    "encode": "+ encoding the answer (encode_response)",
+    "metrics": "+ namespace lookup and metrics",
+}
+
+
 async def floor_main(args: argparse.Namespace) -> None:
-    """The framework's floor: same TLS, same runner options, a constant answer."""
+    """The framework's floor: same TLS, same runner options, a constant answer.
+
+    With ``--step``, the handler also does ``/mutate``'s work up to that step
+    (:data:`STEPS`), so the difference between two floors is what one step
+    costs the server under load.
+    """
+    import orjson
     from aiohttp import web
 
     from certs.tls import ReloadingTLS
+    from webhook.admission import admit, classify, namespace_to_look_up
     from webhook.config import WebhookConfig
-    from webhook.review import build_response, encode_review
+    from webhook.metrics import WebhookMetrics
+    from webhook.namespaces import StaticNamespaces
+    from webhook.review import build_response, decode_review, encode_response, encode_review
     from webhook.rules import RuleSettings, mutate_pod
 
+    settings = RuleSettings.from_config(WebhookConfig())
     review = json.loads(FIXTURE.read_text())
-    decision = mutate_pod(
-        review["request"]["object"], settings=RuleSettings.from_config(WebhookConfig())
-    )
+    decision = mutate_pod(review["request"]["object"], settings=settings)
     answer = encode_review(build_response(review["request"]["uid"], decision))
+    step = STEPS.index(args.step) + 1 if args.step else 0
+    metrics = WebhookMetrics()
+    namespaces = StaticNamespaces(metrics)
 
     async def handle(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(body=answer, content_type="application/json")
+        body = await request.read()
+        if not step:
+            return web.Response(body=answer, content_type="application/json")
+        started = time.perf_counter()
+        if step == 1:
+            orjson.loads(body)
+            return web.Response(body=answer, content_type="application/json")
+        checked = decode_review(body)
+        if step == 2:
+            return web.Response(body=answer, content_type="application/json")
+        target = classify(checked)
+        made = admit(checked, settings=settings, target=target)
+        if step == 3:
+            return web.Response(body=answer, content_type="application/json")
+        encoded = encode_response(checked["uid"], made)
+        if step == 5:
+            name = namespace_to_look_up(checked, target=target)
+            await namespaces.facts(name or "")
+            metrics.observe("allowed-mutated", target, time.perf_counter() - started)
+        return web.Response(body=encoded, content_type="application/json")
 
     tls = ReloadingTLS(Path(args.cert), Path(args.key))
     app = web.Application(client_max_size=4 << 20)
@@ -315,36 +360,45 @@ def coordinate(args: argparse.Namespace) -> int:
             ],
             r"serving https://127\.0\.0\.1:(\d+)/mutate",
         )
-        floor, floor_port = start_server(
-            [
-                *env_cmd,
-                __file__,
-                "--role",
-                "floor",
-                "--cert",
-                str(bundle.cert_file),
-                "--key",
-                str(bundle.key_file),
-            ],
-            r"floor: serving https://127\.0\.0\.1:(\d+)/mutate",
-        )
+        servers: list[tuple[str, subprocess.Popen[str], int]] = []
+        try:
+            for step in ("", *(STEPS if args.breakdown else ())):
+                proc, port = start_server(
+                    [
+                        *env_cmd,
+                        __file__,
+                        "--role",
+                        "floor",
+                        "--cert",
+                        str(bundle.cert_file),
+                        "--key",
+                        str(bundle.key_file),
+                        *(["--step", step] if step else []),
+                    ],
+                    r"floor: serving https://127\.0\.0\.1:(\d+)/mutate",
+                )
+                servers.append((f"+{step}" if step else "floor", proc, port))
+        except BaseException:
+            for _, proc, _ in servers:
+                proc.kill()
+            webhook.kill()
+            raise
+        servers.append(("mutate", webhook, webhook_port))
+        floor, floor_port = servers[0][1], servers[0][2]
         print(
             f"webhook load benchmark ({'quick' if args.quick else 'full'}): "
             f"{args.connections} keep-alive HTTPS connections, {body.stat().st_size}-byte review "
             f"(pod-half-gpu), {args.rounds} round(s) of {args.duration:g}s after {args.warmup:g}s "
             f"warm-up; server and client in separate processes; {os.cpu_count()} CPUs"
         )
-        results: dict[str, list[ClientResult]] = {"floor": [], "mutate": []}
+        results: dict[str, list[ClientResult]] = {name: [] for name, _, _ in servers}
         try:
             for i in range(args.rounds):
-                for name, proc, port in (
-                    ("floor", floor, floor_port),
-                    ("mutate", webhook, webhook_port),
-                ):
+                for name, proc, port in servers:
                     r = measure(proc.pid, port, bundle.ca_file, body, args)
                     results[name].append(r)
                     print(
-                        f"  round {i + 1} {name:<6} {r.rps:8.0f} req/s  p50 {r.p50_ms:6.2f} ms  "
+                        f"  round {i + 1} {name:<8} {r.rps:8.0f} req/s  p50 {r.p50_ms:6.2f} ms  "
                         f"p99 {r.p99_ms:6.2f} ms  server CPU {r.cpu_us_per_request:5.0f} us/req  "
                         f"errors {r.errors}"
                     )
@@ -365,9 +419,9 @@ def coordinate(args: argparse.Namespace) -> int:
                     duration_s=min(args.duration, 1.0 if args.quick else 5.0),
                 )
         finally:
-            for proc in (webhook, floor):
+            for _, proc, _ in servers:
                 proc.send_signal(signal.SIGTERM)
-            for proc in (webhook, floor):
+            for _, proc, _ in servers:
                 try:
                     proc.wait(15)
                 except subprocess.TimeoutExpired:
@@ -398,6 +452,16 @@ def coordinate(args: argparse.Namespace) -> int:
         f"{'PASS' if p99 < TARGET_P99_MS else 'MISS'}"
     )
     print(f"  failed requests: {errors}")
+    if args.breakdown:
+        print("\nwhere /mutate's server CPU goes (each step done inside a floor's handler):")
+        previous = med("floor", "cpu_us_per_request")
+        for name, label in (
+            *((f"+{step}", STEP_LABELS[step]) for step in STEPS),
+            ("mutate", "the webhook itself (its handler and app)"),
+        ):
+            cpu = med(name, "cpu_us_per_request")
+            print(f"  {label:<52} {cpu:5.0f} us/req  ({cpu - previous:+4.0f})")
+            previous = cpu
     print("\none connection (no queueing; the latency of one review):")
     for name, label in (("floor", "floor"), ("mutate", "POST /mutate")):
         r = single[name]
@@ -415,7 +479,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--duration", type=float, default=None, help="measured seconds per figure")
     parser.add_argument("--warmup", type=float, default=None)
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also measure a floor per step of /mutate's work (what each step costs)",
+    )
     parser.add_argument("--role", choices=("coordinator", "client", "floor"), default="coordinator")
+    parser.add_argument("--step", choices=STEPS, help="floor role: do /mutate's work up to here")
     parser.add_argument("--port", type=int)
     parser.add_argument("--ca")
     parser.add_argument("--body")

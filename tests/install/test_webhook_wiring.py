@@ -214,7 +214,7 @@ def test_extra_object_selector_expressions_apply_to_both_webhooks() -> None:
 
 def _webhook(objects: list[Obj], kind: str) -> Obj:
     hooks = one(objects, "MutatingWebhookConfiguration")["webhooks"]
-    matching = [h for h in hooks if h["name"].startswith(f"{kind}.")]
+    matching: list[Obj] = [h for h in hooks if h["name"].startswith(f"{kind}.")]
     assert len(matching) == 1, [h["name"] for h in hooks]
     return matching[0]
 

@@ -824,8 +824,66 @@ def test_debug_container_in_non_gpu_pod_is_left_alone() -> None:
             "metadata.labels must be a map",
             id="labels-str",
         ),
+        pytest.param(
+            {
+                "spec": {
+                    "containers": [
+                        {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "500m"}}}
+                    ],
+                    "tolerations": [{"key": "k", "operator": "Exists", "tolerationSeconds": "60"}],
+                }
+            },
+            "tolerationSeconds must be an integer, got '60'",
+            id="toleration-seconds-str",
+        ),
     ],
 )
 def test_objects_not_shaped_like_pods_raise(p: Obj, must_contain: str) -> None:
     with pytest.raises(PodShapeError, match=re.escape(must_contain)):
         mutate_pod(p, settings=DEFAULT)
+
+
+# ------------------------------------------------- hot-path rewrites, pinned
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("train", id="ascii"),
+        pytest.param("tr\u00e4in", id="non-ascii-escaped"),
+        pytest.param('q"uote\\back', id="json-escapes"),
+        pytest.param("del\x7f", id="del-escaped"),
+        pytest.param("tab\tnew\nline", id="control-chars"),
+    ],
+)
+def test_original_request_record_is_written_as_json_dumps_sorted_ascii(name: str) -> None:
+    """The record is sorted, compact, ASCII JSON, whatever the container names hold."""
+    p = pod(gpu("500m", name=name), gpu("250m", name="a-first"))
+    annotations = applied(p, run(p))["metadata"]["annotations"]
+    expected = {"a-first": {"nvidia.com/gpu": "250m"}, name: {"nvidia.com/gpu": "500m"}}
+    assert annotations[ORIGINAL] == json.dumps(expected, separators=(",", ":"), sort_keys=True)
+
+
+def test_original_request_nested_too_deeply_is_replaced_with_warning() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    p = pod(gpu("500m", name="t"), annotations={ORIGINAL: deep})
+    decision = run(p)
+    assert json.loads(applied(p, decision)["metadata"]["annotations"][ORIGINAL]) == {
+        "t": {"nvidia.com/gpu": "500m"}
+    }
+    assert any("was not a JSON object" in w for w in decision.warnings)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(10**400, id="beyond-a-float"),
+        pytest.param({"a": 1}, id="map"),
+        pytest.param(["30"], id="list"),
+        pytest.param("nan", id="nan-text"),
+    ],
+)
+def test_fixed_policy_denies_an_mps_cap_that_is_not_a_number(value: object) -> None:
+    cap = gpu("500m", name="c", env=[{"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": value}])
+    d = denied(mutate_pod(pod(cap, annotations={POLICY: "fixed"}), settings=DEFAULT))
+    assert d.code == 403
+    assert 'container "c" sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=' in d.message
+    assert "set a number from 1 to 50" in d.message

@@ -327,3 +327,56 @@ async def test_a_bug_in_the_rules_is_a_500_and_the_server_stays_up(
     assert any("internal error while reviewing" in r.getMessage() for r in caplog.records)
     monkeypatch.undo()
     assert (await client.post(review())).status == 200
+
+
+def _half_gpu_body(transform: Any) -> bytes:
+    data = review()
+    transform(data["request"]["object"]["spec"]["containers"][0])
+    return json.dumps(data).encode()
+
+
+def _set_gpu(container: dict[str, Any], value: object) -> None:
+    for side in ("limits", "requests"):
+        container["resources"][side]["nvidia.com/gpu"] = value
+
+
+@pytest.mark.parametrize(
+    ("body", "must_contain"),
+    [
+        pytest.param(
+            _half_gpu_body(lambda c: c.update(name="\ud800")),
+            "request body is not JSON",
+            id="lone-surrogate-was-a-500",
+        ),
+        pytest.param(
+            _half_gpu_body(lambda c: _set_gpu(c, float("nan"))),
+            "NaN is not a JSON number",
+            id="nan-quantity",
+        ),
+        pytest.param(
+            _half_gpu_body(lambda c: _set_gpu(c, float("inf"))),
+            "Infinity is not a JSON number",
+            id="infinite-quantity",
+        ),
+    ],
+)
+async def test_what_is_not_json_is_refused_although_python_reads_it(
+    client: ReviewClient, body: bytes, must_contain: str
+) -> None:
+    """``json.loads`` takes NaN, Infinity and lone surrogates; JSON does not, nor do we (400)."""
+    answer = await client.post(body)
+    assert answer.status == 400
+    assert must_contain in answer.text
+
+
+async def test_quantities_sent_as_json_numbers_are_read_exactly(client: ReviewClient) -> None:
+    answer = await client.post(_half_gpu_body(lambda c: _set_gpu(c, 0.5)))
+    assert answer.status == 200
+    assert answer.response["allowed"] is True
+    limits = {op["path"]: op.get("value") for op in answer.patch}
+    assert limits["/spec/containers/0/resources/limits/cnvrg.io~1metagpu"] == "50"
+    third = await client.post(_half_gpu_body(lambda c: _set_gpu(c, 0.333)))
+    assert third.response["allowed"] is False
+    assert (
+        "nvidia.com/gpu 0.333 is not a whole number of units" in third.response["status"]["message"]
+    )
