@@ -50,6 +50,7 @@ from certs.issue import (
     PrivateKey,
     common_name_of,
     inspect_cert,
+    iso_utc,
     issue_ca,
     issue_serving_cert,
     key_matches,
@@ -59,6 +60,7 @@ from certs.issue import (
     normalize_ip_address,
     should_renew,
     signed_by,
+    validity_problem,
 )
 
 CA_CERT_KEY: Final = "ca.crt"
@@ -66,8 +68,6 @@ CA_KEY_KEY: Final = "ca.key"
 TLS_CERT_KEY: Final = "tls.crt"
 TLS_KEY_KEY: Final = "tls.key"
 BUNDLE_KEYS: Final = (CA_CERT_KEY, CA_KEY_KEY, TLS_CERT_KEY, TLS_KEY_KEY)
-MOUNTED_KEYS: Final = (TLS_CERT_KEY, TLS_KEY_KEY, CA_CERT_KEY)
-"""What the webhook Pod mounts (``items:``); ``ca.key`` stays in the Secret only."""
 
 DEFAULT_CA_COMMON_NAME: Final = "metagpu-webhook-ca"
 
@@ -204,10 +204,9 @@ def _decide_ca(
             f"the CA key is {info.key_algorithm}; the key algorithm {policy.algorithm} applies "
             "to new serving keys and to a new CA (--new-ca), the CA key is kept",
         )
-    if now < info.not_before:
-        return "renew", (f"CA is not valid before {_iso(info.not_before)}",), notes
-    if now >= info.not_after:
-        return "renew", (f"CA expired at {_iso(info.not_after)}",), notes
+    problem = validity_problem("CA", info, now=now)
+    if problem is not None:
+        return "renew", (problem,), notes
     if should_renew(info, now=now, fraction=policy.renew_fraction):
         return "renew", (_due_reason("CA", info, now, policy.renew_fraction),), notes
     return "keep", (), notes
@@ -237,14 +236,13 @@ def _leaf_problems(
     # certificate signed by the old CA certificate verifies against the new one.
     if not signed_by(cert_pem, data[CA_CERT_KEY]):
         problems.append(f"{TLS_CERT_KEY} was not signed by the CA in {CA_CERT_KEY}")
-    if now < info.not_before:
-        problems.append(f"{TLS_CERT_KEY} is not valid before {_iso(info.not_before)}")
-    elif now >= info.not_after:
-        problems.append(f"{TLS_CERT_KEY} expired at {_iso(info.not_after)}")
+    problem = validity_problem(TLS_CERT_KEY, info, now=now)
+    if problem is not None:
+        problems.append(problem)
     if ca_kept:
         ca_not_after = inspect_cert(data[CA_CERT_KEY]).not_after
         if info.not_after > ca_not_after:
-            problems.append(f"{TLS_CERT_KEY} outlives its CA (expires {_iso(ca_not_after)})")
+            problems.append(f"{TLS_CERT_KEY} outlives its CA (expires {iso_utc(ca_not_after)})")
     problems += _name_problems(info, policy)
     if info.key_algorithm != policy.algorithm:
         problems.append(f"key is {info.key_algorithm}, {policy.algorithm} was asked for")
@@ -271,7 +269,7 @@ def _due_reason(what: str, info: CertInfo, now: dt.datetime, fraction: float) ->
     return (
         f"{what} is due for renewal: {format_duration(left)} of "
         f"{format_duration(info.lifetime)} left (renews with less than {fraction:.0%} left, "
-        f"after {_iso(info.renew_at(fraction))})"
+        f"after {iso_utc(info.renew_at(fraction))})"
     )
 
 
@@ -402,7 +400,3 @@ def format_duration(delta: dt.timedelta) -> str:
     if minutes:
         return f"{sign}{minutes}m {secs}s"
     return f"{sign}{secs}s"
-
-
-def _iso(when: dt.datetime) -> str:
-    return when.astimezone(dt.UTC).isoformat(timespec="seconds")

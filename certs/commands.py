@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import logging
 import os
@@ -35,7 +34,7 @@ from certs.inspection import (
     to_json,
     to_text,
 )
-from certs.issue import CertError, inspect_cert
+from certs.issue import CertError, inspect_cert, utc_now
 from certs.permissions import permissions_for
 from certs.reconcile import (
     BootstrapResult,
@@ -48,10 +47,6 @@ from plugin.api.commands import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from plugin.api.settings import ConfigError, load_config
 
 logger = logging.getLogger(__name__)
-
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 def _fail(sub: str, message: object) -> int:

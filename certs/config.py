@@ -11,7 +11,6 @@ One-shot actions (``--force``, ``--new-ca``, ``--dry-run``) are flags only.
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Self
@@ -28,6 +27,7 @@ from certs.issue import (
     service_dns_names,
 )
 from certs.permissions import DEFAULT_SECRET_NAME
+from plugin.api.resources import is_dns_label, is_dns_subdomain
 from plugin.api.settings import StrictModel
 
 ENV_PREFIX: Final = "METAGPU_CERTS_"
@@ -39,9 +39,6 @@ DEFAULT_CLUSTER_DOMAIN: Final = "cluster.local"
 LOCAL_DNS_NAMES: Final = ("localhost",)
 LOCAL_IP_ADDRESSES: Final = ("127.0.0.1", "::1")
 """``generate`` without any name: a certificate for local runs."""
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class IssueSettings(StrictModel):
@@ -103,7 +100,7 @@ class ServiceSettings(StrictModel):
     @field_validator("service", "namespace")
     @classmethod
     def _label(cls, value: str | None) -> str | None:
-        if value is not None and not _DNS_LABEL.match(value):
+        if value is not None and not is_dns_label(value):
             raise ValueError(
                 "must be a DNS label: at most 63 lower-case letters, digits or '-', "
                 "starting and ending with a letter or digit"
@@ -162,7 +159,7 @@ class BootstrapSettings(IssueSettings, ServiceSettings):
     @field_validator("secret")
     @classmethod
     def _secret_name(cls, value: str) -> str:
-        if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        if not is_dns_subdomain(value):
             raise ValueError(
                 "must be a DNS subdomain: lower-case letters, digits, '-' and '.', "
                 "at most 253 characters"

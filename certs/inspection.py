@@ -33,8 +33,10 @@ from certs.issue import (
     CertError,
     CertInfo,
     inspect_certs,
+    iso_utc,
     key_matches,
     should_renew,
+    validity_problem,
     verify_chain,
 )
 
@@ -194,10 +196,9 @@ def validity_check(certs: tuple[CertInfo, ...], *, now: dt.datetime) -> Check:
     """Every certificate in the file is inside its validity period at ``now``."""
     for i, info in enumerate(certs):
         label = "certificate" if len(certs) == 1 else f"certificate {i + 1}"
-        if now < info.not_before:
-            return Check("validity", False, f"{label} is not valid before {_iso(info.not_before)}")
-        if now >= info.not_after:
-            return Check("validity", False, f"{label} expired at {_iso(info.not_after)}")
+        problem = validity_problem(label, info, now=now)
+        if problem is not None:
+            return Check("validity", False, problem)
     return Check("validity", True, "valid now")
 
 
@@ -261,11 +262,11 @@ def to_text(ins: Inspection, *, now: dt.datetime, fraction: float = DEFAULT_RENE
             ("subject", c.subject),
             ("issuer", c.issuer),
             ("serial", f"{c.serial:x}"),
-            ("not before", _iso(c.not_before)),
-            ("not after", f"{_iso(c.not_after)} ({_left(c, now)})"),
+            ("not before", iso_utc(c.not_before)),
+            ("not after", f"{iso_utc(c.not_after)} ({_left(c, now)})"),
             (
                 "renewal due",
-                f"{'yes' if due else 'no'} (due after {_iso(c.renew_at(fraction))}, "
+                f"{'yes' if due else 'no'} (due after {iso_utc(c.renew_at(fraction))}, "
                 f"with less than {fraction:.0%} of its lifetime left)",
             ),
             ("names", ", ".join((*c.dns_names, *c.ip_addresses)) or "(none)"),
@@ -285,11 +286,11 @@ def _cert_json(c: CertInfo, *, now: dt.datetime, fraction: float) -> dict[str, A
         "subject": c.subject,
         "issuer": c.issuer,
         "serial": f"{c.serial:x}",
-        "notBefore": _iso(c.not_before),
-        "notAfter": _iso(c.not_after),
+        "notBefore": iso_utc(c.not_before),
+        "notAfter": iso_utc(c.not_after),
         "secondsLeft": int(c.remaining(now).total_seconds()),
         "renewalDue": should_renew(c, now=now, fraction=fraction),
-        "renewAt": _iso(c.renew_at(fraction)),
+        "renewAt": iso_utc(c.renew_at(fraction)),
         "dnsNames": list(c.dns_names),
         "ipAddresses": list(c.ip_addresses),
         "keyAlgorithm": c.key_algorithm,
@@ -301,10 +302,6 @@ def _cert_json(c: CertInfo, *, now: dt.datetime, fraction: float) -> dict[str, A
 
 def _left(c: CertInfo, now: dt.datetime) -> str:
     left = c.remaining(now)
-    if left.total_seconds() <= 0:
+    if left.total_seconds() < 0:  # notAfter itself is still valid
         return f"EXPIRED {format_duration(-left)} ago"
     return f"{format_duration(left)} left"
-
-
-def _iso(when: dt.datetime) -> str:
-    return when.astimezone(dt.UTC).isoformat(timespec="seconds")

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from plugin.api.resources import DNS_SUBDOMAIN_MAX_LEN, is_dns_label
 
 KeyAlgorithm = Literal["ecdsa-p256", "ecdsa-p384", "rsa-2048", "rsa-3072", "rsa-4096"]
 KEY_ALGORITHMS: tuple[KeyAlgorithm, ...] = (
@@ -143,8 +145,7 @@ def key_algorithm_of(key: PrivateKey | PublicKey) -> str:
 
 
 # ------------------------------------------------------------------- names
-DNS_NAME_MAX_LEN = 253
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_NAME_MAX_LEN = DNS_SUBDOMAIN_MAX_LEN
 
 
 def normalize_dns_name(name: str) -> str:
@@ -168,7 +169,7 @@ def normalize_dns_name(name: str) -> str:
         if not labels:
             raise CertError(f"a wildcard DNS name needs a domain after '*.': {name!r}")
     for label in labels:
-        if not _DNS_LABEL.match(label):
+        if not is_dns_label(label):
             raise CertError(
                 "DNS name labels must be 1-63 letters, digits or '-', starting and ending "
                 f"with a letter or digit (a leading '*.' is allowed): {name!r}"
@@ -285,38 +286,74 @@ def issue_serving_cert(
     return CertPair(cert.public_bytes(serialization.Encoding.PEM), key_to_pem(key))
 
 
+# ------------------------------------------------------------------- times
+def utc_now() -> dt.datetime:
+    """The clock every ``certs`` entry point uses unless a test passes its own."""
+    return dt.datetime.now(dt.UTC)
+
+
+def iso_utc(when: dt.datetime) -> str:
+    """``when`` in UTC to the second, as messages and JSON output show times."""
+    return when.astimezone(dt.UTC).isoformat(timespec="seconds")
+
+
+def validity_problem(what: str, info: CertInfo, *, now: dt.datetime) -> str | None:
+    """Why ``info`` is not valid at ``now`` (its ``what`` names it), or None.
+
+    ``notAfter`` itself is still valid (RFC 5280 4.1.2.5; OpenSSL agrees), so
+    every check in ``certs`` judges the last second the same way.
+    """
+    return _validity_problem(what, info.not_before, info.not_after, now)
+
+
+def _validity_problem(
+    what: str, not_before: dt.datetime, not_after: dt.datetime, now: dt.datetime
+) -> str | None:
+    if now < not_before:
+        return f"{what} is not valid before {iso_utc(not_before)}"
+    if now > not_after:
+        return f"{what} expired at {iso_utc(not_after)}"
+    return None
+
+
 # ----------------------------------------------------------------- inspecting
 def inspect_cert(pem: bytes) -> CertInfo:
-    """Parse the first certificate in ``pem`` into :class:`CertInfo`."""
+    """Parse the first certificate in ``pem`` into :class:`CertInfo`.
+
+    Raises :class:`CertError` for anything unreadable, including extensions
+    and public keys that ``cryptography`` only parses when asked (a malformed
+    subjectAltName, a duplicated extension, an unknown curve).
+    """
     cert = _load_cert(pem)
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        dns = tuple(san.get_values_for_type(x509.DNSName))
-        ips = tuple(str(ip) for ip in san.get_values_for_type(x509.IPAddress))
-    except x509.ExtensionNotFound:
-        dns, ips = (), ()
-    try:
-        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    except x509.ExtensionNotFound:
-        is_ca = False
-    try:
-        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-        server_auth = ExtendedKeyUsageOID.SERVER_AUTH in eku
-    except x509.ExtensionNotFound:
-        server_auth = False
-    return CertInfo(
-        subject=cert.subject.rfc4514_string(),
-        issuer=cert.issuer.rfc4514_string(),
-        serial=cert.serial_number,
-        not_before=cert.not_valid_before_utc,
-        not_after=cert.not_valid_after_utc,
-        dns_names=dns,
-        ip_addresses=ips,
-        is_ca=is_ca,
-        server_auth=server_auth,
-        fingerprint_sha256=cert.fingerprint(hashes.SHA256()).hex(),
-        key_algorithm=_public_key_algorithm(cert),
-    )
+    with _parsing("certificate"):
+        try:
+            san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            dns = tuple(san.get_values_for_type(x509.DNSName))
+            ips = tuple(str(ip) for ip in san.get_values_for_type(x509.IPAddress))
+        except x509.ExtensionNotFound:
+            dns, ips = (), ()
+        try:
+            is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        except x509.ExtensionNotFound:
+            is_ca = False
+        try:
+            eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+            server_auth = ExtendedKeyUsageOID.SERVER_AUTH in eku
+        except x509.ExtensionNotFound:
+            server_auth = False
+        return CertInfo(
+            subject=cert.subject.rfc4514_string(),
+            issuer=cert.issuer.rfc4514_string(),
+            serial=cert.serial_number,
+            not_before=cert.not_valid_before_utc,
+            not_after=cert.not_valid_after_utc,
+            dns_names=dns,
+            ip_addresses=ips,
+            is_ca=is_ca,
+            server_auth=server_auth,
+            fingerprint_sha256=cert.fingerprint(hashes.SHA256()).hex(),
+            key_algorithm=_public_key_algorithm(cert),
+        )
 
 
 def inspect_certs(pem: bytes) -> tuple[CertInfo, ...]:
@@ -326,7 +363,9 @@ def inspect_certs(pem: bytes) -> tuple[CertInfo, ...]:
 
 def common_name_of(pem: bytes) -> str | None:
     """The subject CN of the first certificate in ``pem``, if it has one."""
-    attrs = _load_cert(pem).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    cert = _load_cert(pem)
+    with _parsing("certificate"):
+        attrs = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     value = attrs[0].value if attrs else None
     return value if isinstance(value, str) else None
 
@@ -391,10 +430,29 @@ def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
     key = load_private_key(key_pem)
     fmt = serialization.PublicFormat.SubjectPublicKeyInfo
     enc = serialization.Encoding.DER
-    return cert.public_key().public_bytes(enc, fmt) == key.public_key().public_bytes(enc, fmt)
+    with _parsing("certificate"):
+        public = cert.public_key()
+    return public.public_bytes(enc, fmt) == key.public_key().public_bytes(enc, fmt)
 
 
 # ----------------------------------------------------------------- internals
+_UNREADABLE: Final = (ValueError, x509.DuplicateExtension, UnsupportedAlgorithm)
+"""What ``cryptography`` raises when it parses a part of a loaded certificate
+lazily (extensions, names, the public key) and that part is malformed or of a
+kind it does not support."""
+
+
+@contextmanager
+def _parsing(what: str) -> Iterator[None]:
+    """Turn :data:`_UNREADABLE` into :class:`CertError`, so every caller that
+    handles "unusable certificate" (bootstrap's decision, the TLS reloader)
+    handles these too instead of crashing."""
+    try:
+        yield
+    except _UNREADABLE as exc:
+        raise CertError(f"{what} is malformed or unsupported: {exc}") from exc
+
+
 def _load_cert(pem: bytes) -> x509.Certificate:
     try:
         return x509.load_pem_x509_certificate(pem)
@@ -413,13 +471,17 @@ def _load_certs(pem: bytes) -> list[x509.Certificate]:
 
 
 def _check_validity(what: str, cert: x509.Certificate, now: dt.datetime) -> None:
-    if now < cert.not_valid_before_utc:
-        raise CertError(f"{what} is not valid before {cert.not_valid_before_utc.isoformat()}")
-    if now > cert.not_valid_after_utc:
-        raise CertError(f"{what} expired at {cert.not_valid_after_utc.isoformat()}")
+    problem = _validity_problem(what, cert.not_valid_before_utc, cert.not_valid_after_utc, now)
+    if problem is not None:
+        raise CertError(problem)
 
 
 def _check_signed_by(leaf: x509.Certificate, ca: x509.Certificate) -> None:
+    with _parsing("certificate or CA certificate"):
+        _check_signature(leaf, ca)
+
+
+def _check_signature(leaf: x509.Certificate, ca: x509.Certificate) -> None:
     if leaf.issuer != ca.subject:
         raise CertError(
             f"certificate issuer {leaf.issuer.rfc4514_string()!r} is not the CA "

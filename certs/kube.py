@@ -1,4 +1,9 @@
-"""kubernetes-asyncio adapter for bootstrap: credentials, requests, and HTTP errors as types.
+"""kubernetes-asyncio adapter: credentials for every component, and bootstrap's requests.
+
+:func:`load_credentials` / :func:`open_api_client` are the one way metagpu
+finds its Kubernetes credentials (bootstrap, the webhook's namespace cache and
+the node agent use them), and :func:`status_fields` the one way it reads an
+API error's ``Status`` body.
 
 The only module of ``certs`` that imports kubernetes-asyncio. It implements
 :class:`certs.cluster.ClusterApi` with raw JSON in and out
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final, cast
@@ -52,27 +57,47 @@ TRANSIENT_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
 STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
 
 
-async def load_credentials(
-    cfg: client.Configuration, *, kubeconfig: Path | None = None, context: str | None = None
-) -> str:
-    """Fill ``cfg``: ``kubeconfig`` if given, else in-cluster, else ``$KUBECONFIG``/~/.kube/config.
+class KubeCredentialsError(BootstrapError):
+    """No usable Kubernetes credentials; the message says what was tried.
 
-    Returns where the credentials came from, for the log. ``$KUBECONFIG`` is
-    read now, not at import (kubernetes-asyncio reads it once at import).
+    Every caller (bootstrap, the webhook's namespace cache, the node agent)
+    catches this. It is a :class:`BootstrapError` so that ``metagpu certs
+    bootstrap`` reports it like its other failures (one line, exit 1).
     """
+
+
+async def load_credentials(
+    cfg: client.Configuration,
+    *,
+    kubeconfig: Path | None = None,
+    context: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """Fill ``cfg``; returns where the credentials came from, for the log.
+
+    The one place metagpu decides which identity it talks to the API as, so a
+    pod never runs as two: ``kubeconfig`` (or ``context``) when given; else the
+    in-cluster service account; else ``$KUBECONFIG`` (its files joined by
+    ``:``); else ``~/.kube/config``. A kubeconfig is loaded with
+    ``persist_config=False``, so refreshed tokens are never written back into
+    a user's file. ``env`` stands in for ``os.environ`` (read now, not at
+    import as kubernetes-asyncio does). Raises :class:`KubeCredentialsError`.
+    """
+    env = os.environ if env is None else env
+    in_cluster: str | None = None
     if kubeconfig is None and context is None:
         try:
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            pass
+            config.load_incluster_config(client_configuration=cfg, environ=dict(env))  # type: ignore[no-untyped-call]
+        except (config.ConfigException, OSError) as exc:  # OSError: an unreadable token file
+            in_cluster = f"no in-cluster service account ({exc}) and "
         else:
             return "in-cluster service account"
-    paths = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG") or "~/.kube/config"
+    paths = str(kubeconfig) if kubeconfig else env.get("KUBECONFIG") or "~/.kube/config"
     existing = _existing_files(paths)
     if not existing:
-        raise BootstrapError(
-            "no Kubernetes credentials: not running in a pod (KUBERNETES_SERVICE_HOST is unset) "
-            f"and no kubeconfig file at {paths} (set --kubeconfig or KUBECONFIG)"
+        raise KubeCredentialsError(
+            f"no Kubernetes credentials: {in_cluster or ''}no kubeconfig file at {paths} "
+            "(give one with --kubeconfig or KUBECONFIG)"
         )
     try:
         await config.load_kube_config(
@@ -81,8 +106,10 @@ async def load_credentials(
             client_configuration=cfg,
             persist_config=False,
         )
-    except (config.ConfigException, OSError, ValueError, KeyError) as exc:
-        raise BootstrapError(f"cannot use kubeconfig {paths}: {exc}") from exc
+    except Exception as exc:  # the loader raises whatever a malformed file provokes
+        raise KubeCredentialsError(
+            f"cannot use kubeconfig {paths}: {type(exc).__name__}: {exc}"
+        ) from exc
     return f"kubeconfig {os.pathsep.join(existing)}"
 
 
@@ -208,7 +235,7 @@ class KubeClusterApi:
         raise self._error(call, status, body)
 
     def _error(self, call: ApiCall, status: int, body: bytes) -> ApiError:
-        message, reason = _status_fields(body)
+        message, reason = status_fields(body)
         detail = f"{message} (HTTP {status}{', ' + reason if reason else ''})"
         if status == 403:
             return ApiForbiddenError(
@@ -228,12 +255,18 @@ class KubeClusterApi:
         return ApiError(call, f"cannot {call.describe()}: {detail}", status=status)
 
 
-def _status_fields(body: bytes) -> tuple[str, str]:
-    """``(message, reason)`` of a ``Status`` body; the raw text when it is not one."""
+def status_fields(body: bytes) -> tuple[str, str]:
+    """``(message, reason)`` of an API error's ``Status`` body.
+
+    The first 200 characters of the body stand in for the message when it is
+    not a Status with a message (a proxy's HTML page, an empty body).
+    """
     try:
         status = json.loads(body)
     except ValueError:
-        return body[:200].decode("utf-8", "replace").strip(), ""
-    if not isinstance(status, dict):
-        return str(status)[:200], ""
-    return str(status.get("message", "")), str(status.get("reason", ""))
+        status = None
+    if isinstance(status, dict):
+        message, reason = status.get("message"), status.get("reason")
+        if isinstance(message, str) and message:
+            return message, reason if isinstance(reason, str) else ""
+    return body[:200].decode("utf-8", "replace").strip(), ""

@@ -50,7 +50,14 @@ from certs.cluster import (
     ClusterApi,
     Obj,
 )
-from certs.issue import CertInfo, KeyAlgorithm, PrivateKey, inspect_cert, new_private_key
+from certs.issue import (
+    CertInfo,
+    KeyAlgorithm,
+    PrivateKey,
+    inspect_cert,
+    iso_utc,
+    new_private_key,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +132,9 @@ class BootstrapResult:
             f'secret "{t.secret}" in namespace "{t.namespace}": {verb}'
             + (f" — {self.decision.summary()}" if self.decision.changes else ""),
             f"  CA:      {self.ca.subject}, serial {self.ca.serial:x}, "
-            f"expires {_iso(self.ca.not_after)}",
+            f"expires {iso_utc(self.ca.not_after)}",
             f"  serving: {self.leaf.subject}, serial {self.leaf.serial:x}, "
-            f"expires {_iso(self.leaf.not_after)}, names {', '.join(_names(self.leaf))}",
+            f"expires {iso_utc(self.leaf.not_after)}, names {', '.join(_names(self.leaf))}",
         ]
         lines += [f"  note: {n}" for n in self.decision.notes]
         if t.webhook_config is not None:
@@ -274,7 +281,7 @@ async def _ensure_secret(
             **ref,
             "ca_action": decision.ca,
             "leaf_serial": f"{leaf.serial:x}",
-            "leaf_not_after": _iso(leaf.not_after),
+            "leaf_not_after": iso_utc(leaf.not_after),
         },
     )
     return decision, action, data
@@ -418,8 +425,8 @@ def cert_json(info: CertInfo) -> dict[str, Any]:
         "subject": info.subject,
         "issuer": info.issuer,
         "serial": f"{info.serial:x}",
-        "notBefore": _iso(info.not_before),
-        "notAfter": _iso(info.not_after),
+        "notBefore": iso_utc(info.not_before),
+        "notAfter": iso_utc(info.not_after),
         "dnsNames": list(info.dns_names),
         "ipAddresses": list(info.ip_addresses),
         "isCA": info.is_ca,
@@ -434,7 +441,3 @@ def _encode(data: Mapping[str, bytes]) -> dict[str, str]:
 
 def _names(info: CertInfo) -> list[str]:
     return [*info.dns_names, *info.ip_addresses]
-
-
-def _iso(when: dt.datetime) -> str:
-    return when.astimezone(dt.UTC).isoformat(timespec="seconds")

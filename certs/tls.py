@@ -7,8 +7,11 @@ setting ``SSLObject.context``. So:
 
 * a rotated certificate is served to the next handshake, with no restart and
   no rebuilt site: established connections and in-flight requests are untouched;
-* a broken new pair (unreadable, key mismatch, expired, not PEM) is refused with
-  a logged error and the previous pair keeps serving.
+* new file contents are acted on once two consecutive polls read the same
+  bytes, so a rotation caught half-way (a new key next to the old certificate)
+  is waited out, never refused;
+* a broken new pair (unreadable, key mismatch, expired, not PEM, malformed) is
+  refused with a logged error and the previous pair keeps serving.
 
 Why poll instead of inotify: a mounted Secret changes by an atomic swap of the
 ``..data`` symlink, which many watchers miss, and kopf polls for the same
@@ -27,22 +30,26 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
-from certs.issue import CertError, CertInfo, inspect_cert, key_matches
+from certs.issue import CertError, CertInfo, inspect_cert, key_matches, utc_now
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL_S = 0.5
-"""Half a second keeps "new handshakes see the new certificate" well inside 2 s."""
+"""Half a second: new files are loaded on the second poll that reads them, so new
+handshakes see a rotated certificate within about a second, well inside 2 s."""
 
 
 class TlsError(Exception):
     """A certificate/key pair that cannot be served; the message says why and where."""
 
 
-def utc_now() -> dt.datetime:
-    """The clock the reloader uses unless a test passes its own."""
-    return dt.datetime.now(dt.UTC)
+class TlsFilesChangedError(TlsError):
+    """The files changed while they were being loaded: caught mid-swap, not broken.
+
+    The reloader waits for them to settle instead of refusing them.
+    """
 
 
 @dataclass(frozen=True)
@@ -55,13 +62,18 @@ class ServingPair:
     """sha256 over both files: what the poller compares."""
 
 
-def files_digest(cert_file: Path, key_file: Path) -> str:
-    """sha256 of the two files' contents; raises OSError if either is unreadable."""
+def pair_digest(cert_pem: bytes, key_pem: bytes) -> str:
+    """sha256 over a certificate's and a key's bytes: what the poller compares."""
     h = hashlib.sha256()
-    h.update(cert_file.read_bytes())
+    h.update(cert_pem)
     h.update(b"\0")
-    h.update(key_file.read_bytes())
+    h.update(key_pem)
     return h.hexdigest()
+
+
+def files_digest(cert_file: Path, key_file: Path) -> str:
+    """:func:`pair_digest` of the two files' contents; raises OSError if either is unreadable."""
+    return pair_digest(cert_file.read_bytes(), key_file.read_bytes())
 
 
 def new_server_context() -> ssl.SSLContext:
@@ -73,18 +85,25 @@ def new_server_context() -> ssl.SSLContext:
 
 
 def load_serving_pair(cert_file: Path, key_file: Path, *, now: dt.datetime) -> ServingPair:
-    """Read, check and load a pair; :class:`TlsError` names the file and the fault.
-
-    The files are hashed before and after ``load_cert_chain``: if a symlink swap
-    happened in between, the pair we loaded may be half old, half new, so we
-    refuse it and the next poll loads the settled files.
-    """
+    """Read, check and load a pair; :class:`TlsError` names the file and the fault."""
     try:
-        before = files_digest(cert_file, key_file)
         cert_pem = cert_file.read_bytes()
         key_pem = key_file.read_bytes()
     except OSError as exc:
         raise TlsError(f"cannot read TLS files {cert_file}, {key_file}: {exc}") from exc
+    return _load_pair(cert_file, key_file, cert_pem, key_pem, now=now)
+
+
+def _load_pair(
+    cert_file: Path, key_file: Path, cert_pem: bytes, key_pem: bytes, *, now: dt.datetime
+) -> ServingPair:
+    """Check the bytes already read, then have OpenSSL load the files.
+
+    ``ssl`` loads a pair only from files, so they are read once more; if they
+    differ from the bytes that were checked (a swap in between), the pair may
+    be half old, half new, and :class:`TlsFilesChangedError` says so.
+    """
+    before = pair_digest(cert_pem, key_pem)
     try:
         info = inspect_cert(cert_pem)
         if not key_matches(cert_pem, key_pem):
@@ -103,10 +122,23 @@ def load_serving_pair(cert_file: Path, key_file: Path, *, now: dt.datetime) -> S
         ctx.load_cert_chain(cert_file, key_file)
         after = files_digest(cert_file, key_file)
     except (OSError, ssl.SSLError) as exc:
+        if _digest_or_none(cert_file, key_file) != before:
+            raise TlsFilesChangedError(f"TLS files {cert_file}, {key_file} changed") from exc
         raise TlsError(f"cannot load TLS pair {cert_file}, {key_file}: {exc}") from exc
     if after != before:
-        raise TlsError(f"TLS files {cert_file}, {key_file} changed while loading; will retry")
-    return ServingPair(context=ctx, info=info, digest=after)
+        raise TlsFilesChangedError(f"TLS files {cert_file}, {key_file} changed while loading")
+    return ServingPair(context=ctx, info=info, digest=before)
+
+
+def _digest_or_none(cert_file: Path, key_file: Path) -> str | None:
+    try:
+        return files_digest(cert_file, key_file)
+    except OSError:
+        return None
+
+
+_UNREADABLE: Final = "unreadable"
+"""Stands for the digest of files that cannot be read, in the settle-then-load rule."""
 
 
 class ReloadingTLS:
@@ -130,6 +162,8 @@ class ReloadingTLS:
         self._on_reload = on_reload
         self._current = load_serving_pair(cert_file, key_file, now=clock())
         self._rejected_digest: str | None = None
+        self._pending_digest: str | None = None
+        """New content seen by the last poll and not yet acted on."""
         self._outer = self._current.context
         self._outer.sni_callback = self._select_context
         logger.info(
@@ -148,28 +182,38 @@ class ReloadingTLS:
         return self._current
 
     def reload_if_changed(self) -> bool:
-        """Load the files if their digest changed; True when a new pair now serves.
+        """Poll once; True when a new pair now serves.
 
-        A broken pair is logged once per distinct content and otherwise ignored:
-        the previous pair keeps serving.
+        New content is acted on once two consecutive polls read the same bytes.
+        A rotation is then never judged half-done: a kubelet swap is atomic, but
+        ``metagpu certs generate`` renames ``tls.key`` before ``tls.crt``, and a
+        poll between the two renames sees a new key with the old certificate.
+        Settled content that is broken is logged once per distinct content and
+        otherwise ignored: the previous pair keeps serving.
         """
         try:
-            digest = files_digest(self.cert_file, self.key_file)
+            cert_pem = self.cert_file.read_bytes()
+            key_pem = self.key_file.read_bytes()
         except OSError as exc:
-            self._reject(f"unreadable: {exc}", "unreadable")  # log once, not every poll
+            if self._settled(_UNREADABLE):
+                self._reject(f"unreadable: {exc}", _UNREADABLE)  # log once, not every poll
             return False
-        if digest in (self._current.digest, self._rejected_digest):
+        digest = pair_digest(cert_pem, key_pem)
+        if digest == self._current.digest:
+            self._pending_digest = None
+            return False
+        if digest == self._rejected_digest or not self._settled(digest):
             return False
         try:
-            pair = load_serving_pair(self.cert_file, self.key_file, now=self._clock())
+            pair = _load_pair(self.cert_file, self.key_file, cert_pem, key_pem, now=self._clock())
+        except TlsFilesChangedError:
+            return False  # changed again under us; the next polls see settled files
         except TlsError as exc:
-            if "changed while loading" in str(exc):
-                return False  # mid-swap; the next poll sees settled files
             self._reject(str(exc), digest)
             return False
         old = self._current
         self._current = pair
-        self._rejected_digest = None
+        self._rejected_digest = self._pending_digest = None
         logger.info(
             "TLS certificate reloaded; new connections get the new certificate",
             extra={
@@ -183,10 +227,21 @@ class ReloadingTLS:
         return True
 
     async def watch(self, *, interval_s: float = DEFAULT_POLL_INTERVAL_S) -> None:
-        """Poll forever (until cancelled) and reload on change."""
+        """Poll forever (until cancelled) and reload on change.
+
+        A poll that fails unexpectedly is logged and the next one runs: a
+        watch that stopped would never pick up a renewed certificate, and the
+        webhook would fail only when the old one expires.
+        """
         while True:
             await asyncio.sleep(interval_s)
-            self.reload_if_changed()
+            try:
+                self.reload_if_changed()
+            except Exception:
+                logger.exception(
+                    "checking the TLS certificate files failed; will check again",
+                    extra={"serial": f"{self._current.info.serial:x}", **self._fields()},
+                )
 
     # ----------------------------------------------------------- internals
     def _select_context(
@@ -195,6 +250,13 @@ class ReloadingTLS:
         current = self._current.context
         if sslobj.context is not current:
             sslobj.context = current
+
+    def _settled(self, digest: str) -> bool:
+        """True when the previous poll saw ``digest`` too; remembers it otherwise."""
+        if digest == self._pending_digest:
+            return True
+        self._pending_digest = digest
+        return False
 
     def _reject(self, reason: str, digest: str) -> None:
         if digest == self._rejected_digest:

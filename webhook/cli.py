@@ -19,7 +19,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from plugin.api.commands import EXIT_FAILURE, EXIT_OK, Command
+from plugin.api.commands import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    Command,
+    add_config_file_argument,
+    add_print_config_argument,
+    print_config,
+)
 from plugin.api.resources import COMPUTE_POLICIES
 
 if TYPE_CHECKING:
@@ -49,13 +56,10 @@ def curl_command(mutate_url: str, ca_file: Path, example: Path = EXAMPLE_REVIEW)
 
 # ------------------------------------------------------------------ webhook
 def _webhook_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=os.environ.get(ENV_CONFIG_FILE) or None,
-        metavar="FILE",
-        help=f"YAML config file (env {ENV_CONFIG_FILE}); see docs/webhook.md",
+    add_config_file_argument(
+        parser, env_var=ENV_CONFIG_FILE, what="YAML config file; see docs/webhook.md"
     )
+    add_print_config_argument(parser)
     parser.add_argument(
         "--listen", metavar="HOST:PORT", help="address to serve HTTPS on (default 127.0.0.1:8443)"
     )
@@ -124,6 +128,8 @@ def _announce(hook: RunningWebhook) -> None:
 
 def run_webhook(args: argparse.Namespace) -> int:
     config = load_webhook_config(args)
+    if args.print_config:
+        return print_config(config)
     from webhook.server import serve  # noqa: PLC0415 - heavy: aiohttp, kubernetes_asyncio
 
     return asyncio.run(serve(config, announce=_announce))
@@ -139,12 +145,8 @@ def _mutate_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="Pod, workload, List or AdmissionReview, YAML or JSON; '-' for stdin; repeatable",
     )
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=os.environ.get(ENV_CONFIG_FILE) or None,
-        metavar="FILE",
-        help=f"the webhook's config file, to apply its rules (env {ENV_CONFIG_FILE})",
+    add_config_file_argument(
+        parser, env_var=ENV_CONFIG_FILE, what="the webhook's config file, to apply its rules"
     )
     parser.add_argument(
         "--namespace-policy",

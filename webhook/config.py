@@ -14,7 +14,8 @@ pod.
 
 from __future__ import annotations
 
-import re
+import math
+from decimal import Decimal
 from pathlib import Path
 from typing import Final, Literal, Self
 
@@ -27,6 +28,7 @@ from plugin.api.resources import (
     MAX_UNITS_PER_GPU,
     NVIDIA_GPU_RESOURCE,
     ResourceName,
+    is_dns_subdomain,
 )
 from plugin.api.settings import StrictModel
 
@@ -37,10 +39,6 @@ DEFAULT_LISTEN: Final = "127.0.0.1:8443"
 """Loopback for the embedded default; the chart sets ``0.0.0.0:8443``."""
 
 MIB: Final = 1 << 20
-
-_DNS_SUBDOMAIN: Final = re.compile(
-    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII
-)
 
 ComputePolicy = Literal["fixed", "balance", "none"]
 """How a GPU container shares its GPU (annotation ``metagpu.io/compute-policy``):
@@ -148,9 +146,10 @@ class KubernetesConfig(StrictModel):
     kubeconfig: Path | None = None
     """Kubeconfig file to use instead of the in-cluster service account."""
     namespace_lookup_timeout_s: float = Field(default=1.0, gt=0, le=30)
-    """Bound on the one GET a namespace cache miss makes. The API server waits for
-    the webhook (``timeoutSeconds``, 10 s at most), so this stays well below it; on
-    timeout the config defaults apply and the response carries a warning."""
+    """Bound on the one GET a namespace cache miss makes; on timeout the config
+    defaults apply and the response carries a warning. Keep it well below the
+    webhook's ``timeoutSeconds`` (1-30 s, default 10): a bound at or above it makes
+    the API server give up first, and the pod gets a timeout instead of the defaults."""
     initial_sync_timeout_s: float = Field(default=10.0, gt=0, le=600)
     """``/readyz`` reports not-ready until the namespace cache has listed every
     namespace, for at most this long. After that the webhook reports ready anyway
@@ -258,7 +257,7 @@ class WebhookConfig(StrictModel):
     def _valid_runtime_class(cls, value: str | None) -> str | None:
         # A RuntimeClass name is a DNS subdomain; check it here rather than have
         # the API server refuse every GPU pod.
-        if value is not None and not _is_dns_subdomain(value):
+        if value is not None and not is_dns_subdomain(value):
             raise ValueError(f"runtime_class_name must be a DNS subdomain name: {value!r}")
         return value
 
@@ -284,13 +283,26 @@ class WebhookConfig(StrictModel):
                         "a metagpu resource (units) or a fraction resource (GPUs), not both"
                     )
                 seen[name] = field
-        max_units = int(self.max_gpus_per_container * self.units_per_gpu)
-        if max_units < 1:
+        if self.max_units < 1:
             raise ValueError(
                 f"max_gpus_per_container {self.max_gpus_per_container} is less than one unit "
                 f"at {self.units_per_gpu} units per GPU"
             )
         return self
+
+    @property
+    def max_gpus(self) -> Decimal:
+        """``max_gpus_per_container`` as the decimal it was written as (``0.29``,
+        not the float's binary expansion)."""
+        return Decimal(repr(float(self.max_gpus_per_container)))
+
+    @property
+    def max_units(self) -> int:
+        """The most units one container may ask for: ``max_gpus`` GPUs, rounded down.
+
+        Computed exactly, so ``0.29`` GPUs at 100 units per GPU is 29 units (the
+        float product is 28.999...)."""
+        return math.floor(self.max_gpus * self.units_per_gpu)
 
     @property
     def host(self) -> str:
@@ -314,7 +326,3 @@ def split_listen(value: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"listen port must be 0..65535: {value!r}")
     return host, port
-
-
-def _is_dns_subdomain(value: str) -> bool:
-    return len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value) is not None

@@ -36,6 +36,7 @@ from webhook.quantity import (
     fraction_suggestion,
     nearest_units,
     read_quantity,
+    units_as_fraction,
 )
 
 
@@ -237,8 +238,17 @@ def _check_fraction(
 
 
 def _share_range(s: RuleSettings) -> str:
-    one_unit = format_decimal(Decimal(1) / Decimal(s.units_per_gpu))
-    return f"a share between {one_unit} and {format_decimal(s.max_gpus)} of a GPU"
+    """What to ask for instead, in values that are themselves accepted.
+
+    GPU fractions when one unit and the largest share both have an exact decimal
+    form (``0.01`` and ``8`` at 100 units per GPU); otherwise units, since a
+    rounded fraction (``0.142857...`` at 7 per GPU) would be refused in turn.
+    """
+    low = units_as_fraction(1, s.units_per_gpu)
+    high = units_as_fraction(s.max_units, s.units_per_gpu)
+    if low is not None and high is not None:
+        return f"a share between {low} and {high} of a GPU"
+    return f"{s.resource_name}: 1 to {s.max_units} ({s.units_per_gpu} units per GPU)"
 
 
 def _check_units(

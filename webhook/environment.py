@@ -65,7 +65,7 @@ class EnvEdit:
                 name = item.get("name")
                 if isinstance(name, str):
                     index.setdefault(name, []).append((i, item))
-        return cls(c, env is not None, index)
+        return cls(c, True, index)
 
     def get(self, name: str) -> Sequence[tuple[int, EnvItem]]:
         return self.index.get(name, ())

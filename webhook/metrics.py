@@ -60,7 +60,10 @@ METRICS_CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 REQUESTS: Final = "metagpu_webhook_requests"
 REQUESTS_HELP: Final = "AdmissionReview requests answered, by outcome and what they were about."
 LATENCY: Final = "metagpu_webhook_request_duration_seconds"
-LATENCY_HELP: Final = "Time from the request body being read to the response being ready."
+LATENCY_HELP: Final = (
+    "Time from the request reaching the handler to the response being ready, "
+    "receiving the body included."
+)
 LOOKUPS: Final = "metagpu_webhook_namespace_lookups"
 LOOKUPS_HELP: Final = "Namespace facts lookups, by where the answer came from."
 

@@ -9,7 +9,6 @@ is something else.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -68,10 +67,6 @@ class Mutation:
 
     patch: tuple[PatchOperation, ...] = ()
     warnings: tuple[str, ...] = ()
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.patch)
 
 
 @dataclass(frozen=True)
@@ -146,7 +141,7 @@ class RuleSettings:
     def from_config(cls, config: WebhookConfig) -> RuleSettings:
         metagpu = frozenset([config.resource_name, *config.extra_resource_names])
         fractions = frozenset(config.fraction_resource_names)
-        max_gpus = Decimal(repr(float(config.max_gpus_per_container)))
+        max_gpus = config.max_gpus
         tolerations = tuple(t.as_kubernetes() for t in config.tolerations)
         return cls(
             resource_name=config.resource_name,
@@ -157,7 +152,7 @@ class RuleSettings:
             convert_whole_gpus=config.convert_whole_gpus,
             max_gpus=max_gpus,
             max_gpus_ratio=max_gpus.as_integer_ratio(),
-            max_units=math.floor(max_gpus * config.units_per_gpu),
+            max_units=config.max_units,
             tolerations=tolerations,
             toleration_keys=tuple(TolerationKey.of(t) for t in tolerations),
             runtime_class_name=config.runtime_class_name,

@@ -33,14 +33,13 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Protocol, cast
 
 import aiohttp
 from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
 
+from certs.kube import KubeCredentialsError, load_credentials, status_fields
 from plugin.api.resources import ANNOTATION_COMPUTE_POLICY, LABEL_INJECT
 from webhook.config import KubernetesConfig
 from webhook.metrics import WebhookMetrics
@@ -125,21 +124,18 @@ def cluster_wanted(config: KubernetesConfig, env: Mapping[str, str]) -> bool:
 
 
 async def new_api_client(config: KubernetesConfig, env: Mapping[str, str]) -> k8s_client.ApiClient:
-    """An API client from the kubeconfig (flag/config, then ``KUBECONFIG``) or in-cluster."""
+    """An API client with the credentials :func:`certs.kube.load_credentials` finds:
+    ``kubernetes.kubeconfig`` when set, else in-cluster, else ``KUBECONFIG``.
+
+    The same order as bootstrap and the node agent, so a pod never runs as two
+    identities. Raises :class:`KubernetesUnavailableError`.
+    """
     configuration = k8s_client.Configuration()
-    kubeconfig = config.kubeconfig or (Path(env["KUBECONFIG"]) if env.get("KUBECONFIG") else None)
     try:
-        if kubeconfig is not None:
-            await k8s_config.load_kube_config(
-                config_file=str(kubeconfig), client_configuration=configuration
-            )
-        else:
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except Exception as exc:
-        source = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
-        raise KubernetesUnavailableError(
-            f"cannot configure the Kubernetes client from the {source}: {exc}"
-        ) from exc
+        source = await load_credentials(configuration, kubeconfig=config.kubeconfig, env=env)
+    except KubeCredentialsError as exc:
+        raise KubernetesUnavailableError(f"cannot configure the Kubernetes client: {exc}") from exc
+    logger.info("reading namespaces from the Kubernetes API", extra={"credentials": source})
     return k8s_client.ApiClient(configuration=configuration)
 
 
@@ -242,6 +238,9 @@ class NamespaceCache:
         )
 
     async def _get(self, name: str) -> NamespaceFacts:
+        """One bounded GET. Never raises (cancellation aside): whatever goes wrong
+        (timeout, API down, a token file that a refresh found empty, a body that is
+        not a Namespace) answers with the defaults, and the name backs off."""
         timeout_s = self._config.namespace_lookup_timeout_s
         try:
             async with asyncio.timeout(timeout_s):
@@ -256,17 +255,24 @@ class NamespaceCache:
                     body = await resp.read()
                 finally:
                     resp.release()
+            if resp.status != 200:
+                return self._failed(name, f"HTTP {resp.status}: {status_fields(body)[0]}")
+            try:
+                namespace = json.loads(body)
+            except ValueError:
+                return self._failed(name, "the API answered with something that is not JSON")
+            if not isinstance(namespace, dict):
+                return self._failed(name, "the API answered with JSON that is not an object")
+            facts = facts_of(namespace)
         except TimeoutError:
             return self._failed(name, f"timed out after {timeout_s:g}s")
         except (aiohttp.ClientError, OSError) as exc:
             return self._failed(name, f"API unreachable: {exc}")
-        if resp.status != 200:
-            return self._failed(name, f"HTTP {resp.status}: {_status_message(body)}")
-        try:
-            namespace = json.loads(body)
-        except ValueError:
-            return self._failed(name, "the API answered with something that is not JSON")
-        facts = facts_of(namespace)
+        except Exception as exc:  # asyncio.CancelledError is not an Exception: it propagates
+            logger.warning(
+                "namespace lookup raised unexpectedly", extra={"namespace": name}, exc_info=True
+            )
+            return self._failed(name, f"{type(exc).__name__}: {exc}")
         self._remember(name, facts)
         self._count("get")
         return facts
@@ -333,7 +339,7 @@ class NamespaceCache:
         finally:
             resp.release()
         if resp.status != 200:
-            raise RuntimeError(f"list namespaces: HTTP {resp.status}: {_status_message(body)}")
+            raise RuntimeError(f"list namespaces: HTTP {resp.status}: {status_fields(body)[0]}")
         data = json.loads(body)
         cache: dict[str, NamespaceFacts] = {}
         known: set[str] = set()
@@ -370,7 +376,9 @@ class NamespaceCache:
                 return None
             if resp.status != 200:
                 body = await resp.read()
-                raise RuntimeError(f"watch namespaces: HTTP {resp.status}: {_status_message(body)}")
+                raise RuntimeError(
+                    f"watch namespaces: HTTP {resp.status}: {status_fields(body)[0]}"
+                )
             async for line in resp.content:
                 if not line.strip():
                     continue
@@ -398,16 +406,6 @@ def _raw(response: object) -> aiohttp.ClientResponse:
     """With ``_preload_content=False`` the generated client returns the aiohttp response
     (its annotations say otherwise); reading it ourselves skips model deserialisation."""
     return cast(aiohttp.ClientResponse, response)
-
-
-def _status_message(body: bytes) -> str:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body[:200].decode(errors="replace")
-    if isinstance(data, dict) and isinstance(data.get("message"), str):
-        return str(data["message"])
-    return body[:200].decode(errors="replace")
 
 
 async def open_namespace_source(

@@ -24,10 +24,9 @@ from typing import IO, Any, Literal
 import jsonpatch
 import yaml
 
-from webhook.admission import admit
+from webhook.admission import admit, classify
 from webhook.model import Denial, NamespaceFacts, PodShapeError, RuleSettings
-from webhook.review import ReviewError, parse_review
-from webhook.rules import WORKLOAD_TEMPLATE_PATHS, mutate_pod, mutate_workload
+from webhook.review import AdmissionRequest, ReviewError, parse_review
 
 OutputFormat = Literal["yaml", "json"]
 
@@ -104,21 +103,18 @@ def mutate_document(
     else:
         obj = copy.deepcopy(doc)
         label = f"{source} {kind}/{_name(obj)}"
-        group = str(doc.get("apiVersion") or "").rpartition("/")[0]
+        request = _create_request(obj)
+        target = classify(request)
+        if target == "other":
+            return Result(
+                label,
+                obj,
+                allowed=True,
+                message=f"{label}: not a v1 Pod or an apps/v1, batch/v1 or v1 workload; "
+                "the webhook leaves it alone",
+            )
         try:
-            if kind == "Pod" and doc.get("apiVersion") == "v1":
-                decision = mutate_pod(obj, settings=settings, namespace=namespace)
-            elif (group, kind) in WORKLOAD_TEMPLATE_PATHS:
-                decision = mutate_workload(
-                    obj, group=group, kind=str(kind), settings=settings, namespace=namespace
-                )
-            else:
-                return Result(
-                    label,
-                    obj,
-                    allowed=True,
-                    message=f"{label}: not a Pod or a workload; the webhook leaves it alone",
-                )
+            decision = admit(request, settings=settings, namespace=namespace, target=target)
         except PodShapeError as exc:
             return Result(label, obj, allowed=False, message=f"{label}: {exc}")
     if isinstance(decision, Denial):
@@ -132,6 +128,20 @@ def mutate_document(
     ops = [dict(op) for op in decision.patch]
     result_obj = jsonpatch.apply_patch(obj, ops) if ops else obj
     return Result(label, result_obj, allowed=True, patch=ops, warnings=list(decision.warnings))
+
+
+def _create_request(doc: dict[str, Any]) -> AdmissionRequest:
+    """The CREATE review the API server would send for ``doc``, so the server's own
+    :func:`~webhook.admission.classify` decides what applies (kind *and* version)."""
+    group, _, version = str(doc.get("apiVersion") or "").rpartition("/")
+    kind = str(doc.get("kind") or "")
+    return {
+        "uid": "offline",
+        "kind": {"group": group, "version": version, "kind": kind},
+        "resource": {"group": group, "version": version, "resource": ""},
+        "operation": "CREATE",
+        "object": doc,
+    }
 
 
 def render(results: Sequence[Result], *, output: OutputFormat) -> str:

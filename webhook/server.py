@@ -317,11 +317,7 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
             bundle = await asyncio.to_thread(
                 ensure_local_bundle, config.tls.generate_dir, now=self._clock()
             )
-            cert_file, key_file, ca_file = (
-                bundle.paths.cert_file,
-                bundle.paths.key_file,
-                bundle.paths.ca_file,
-            )
+            cert_file, key_file, ca_file = bundle.cert_file, bundle.key_file, bundle.ca_file
 
         def on_reload(pair: ServingPair) -> None:
             metrics.cert_not_after.set(pair.info.not_after.timestamp())

@@ -85,9 +85,40 @@ every metagpu container, so ``mgctl`` finds the agent without configuration."""
 ENV_AGENT_SOCKET: Final = "METAGPU_AGENT_SOCKET"
 """Set in every metagpu container to ``CONTAINER_AGENT_DIR/AGENT_SOCKET_NAME``."""
 
+# ---------------------------------------------------------------- DNS names
+DNS_LABEL_MAX_LEN: Final = 63
+DNS_SUBDOMAIN_MAX_LEN: Final = 253
+
+# Always with fullmatch: with match, a "$" also matches before a final "\n", so
+# "metagpu-webhook-tls\n" (a YAML block scalar, a file read into an env var)
+# would pass. re.ASCII keeps Unicode letters and digits out.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+_DNS_SUBDOMAIN = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII
+)
+
+
+def is_dns_label(value: str) -> bool:
+    """An RFC 1123 label as Kubernetes checks it (``IsDNS1123Label``): at most 63
+    lower-case letters, digits or '-', starting and ending with a letter or digit.
+
+    Namespaces and Service names are labels.
+    """
+    return len(value) <= DNS_LABEL_MAX_LEN and _DNS_LABEL.fullmatch(value) is not None
+
+
+def is_dns_subdomain(value: str) -> bool:
+    """An RFC 1123 subdomain as Kubernetes checks it (``IsDNS1123Subdomain``): labels
+    of lower-case letters, digits and '-' joined by '.', at most 253 characters.
+
+    Secrets, RuntimeClasses, webhook configurations and resource domains are
+    subdomains.
+    """
+    return len(value) <= DNS_SUBDOMAIN_MAX_LEN and _DNS_SUBDOMAIN.fullmatch(value) is not None
+
+
 # ------------------------------------------------------------ resource names
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", re.ASCII)
 RESOURCE_NAME_MAX_LEN: Final = 63
 _UNIT = re.compile(r"0|[1-9][0-9]*")  # ASCII only: str.isdigit() accepts "²"
 
@@ -112,7 +143,7 @@ class ResourceName(str):
             raise ResourceNameError(
                 f"resource name must be <domain>/<name>, e.g. {DEFAULT_RESOURCE_NAME}: {value!r}"
             )
-        if len(domain) > 253 or not _DNS_SUBDOMAIN.match(domain) or "." not in domain:
+        if not is_dns_subdomain(domain) or "." not in domain:
             raise ResourceNameError(
                 f"resource domain must be a DNS subdomain with a dot, e.g. cnvrg.io: {value!r}"
             )
@@ -124,7 +155,7 @@ class ResourceName(str):
             raise ResourceNameError(
                 f"resource name part must be {RESOURCE_NAME_MAX_LEN} characters or less: {value!r}"
             )
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise ResourceNameError(
                 "resource name part must be alphanumeric, '-', '_' or '.', "
                 f"starting and ending alphanumeric: {value!r}"

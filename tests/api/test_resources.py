@@ -13,6 +13,8 @@ from plugin.api.resources import (
     ResourceName,
     ResourceNameError,
     format_replica_id,
+    is_dns_label,
+    is_dns_subdomain,
     parse_replica_id,
 )
 
@@ -43,12 +45,42 @@ def test_valid_resource_names(name: str) -> None:
         pytest.param("example.com/" + "a" * 64, "63 characters or less", id="64-chars"),
         pytest.param("example.com/-gpu", "alphanumeric", id="leading-dash"),
         pytest.param("Example.com/gpu", "DNS subdomain", id="uppercase-domain"),
+        pytest.param("cnvrg.io/metagpu\n", "alphanumeric", id="newline-after-name"),
+        pytest.param("cnvrg.io\n/metagpu", "DNS subdomain", id="newline-after-domain"),
     ],
 )
 def test_invalid_resource_names_say_why(name: str, fragment: str) -> None:
     with pytest.raises(ResourceNameError, match=fragment) as info:
         ResourceName(name)
     assert repr(name) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "label", "subdomain"),
+    [
+        pytest.param("metagpu", True, True, id="label"),
+        pytest.param("a", True, True, id="one-char"),
+        pytest.param("metagpu-webhook-tls", True, True, id="dashes"),
+        pytest.param("a" * 63, True, True, id="63"),
+        pytest.param("a" * 64, False, True, id="64"),
+        pytest.param("cnvrg.io", False, True, id="dotted"),
+        pytest.param(".".join(["a" * 63] * 4)[:253], False, True, id="253"),
+        pytest.param("a" * 254, False, False, id="254"),
+        pytest.param("", False, False, id="empty"),
+        pytest.param("-a", False, False, id="leading-dash"),
+        pytest.param("a-", False, False, id="trailing-dash"),
+        pytest.param("A", False, False, id="upper-case"),
+        pytest.param("a_b", False, False, id="underscore"),
+        pytest.param("a..b", False, False, id="empty-label"),
+        pytest.param("metagpu-webhook-tls\n", False, False, id="trailing-newline"),
+        pytest.param("a\n.b", False, False, id="newline-inside"),
+        pytest.param("\u0661", False, False, id="unicode-digit"),
+        pytest.param("caf\u00e9", False, False, id="unicode-letter"),
+    ],
+)
+def test_dns_names_are_checked_like_kubernetes(value: str, label: bool, subdomain: bool) -> None:
+    assert is_dns_label(value) is label
+    assert is_dns_subdomain(value) is subdomain
 
 
 def test_replica_id_format() -> None:

@@ -12,6 +12,7 @@ import pytest
 from certs.bootstrap import (
     CA_CERT_KEY,
     CA_KEY_KEY,
+    DEFAULT_CA_COMMON_NAME,
     TLS_CERT_KEY,
     TLS_KEY_KEY,
     BundleDecision,
@@ -29,10 +30,12 @@ from certs.issue import (
     issue_ca,
     issue_serving_cert,
     key_matches,
+    load_private_key,
     new_private_key,
     verify_chain,
 )
 from tests.certs.conftest import SERVICE_NAMES, T0
+from tests.certs.malformed import FAULTS, Fault, malformed_leaf
 
 POLICY = IssuePolicy(dns_names=SERVICE_NAMES)
 Bundle = dict[str, bytes]
@@ -170,6 +173,36 @@ def test_what_is_wrong_decides_what_is_reissued(
     d = decide_bundle(mutate(bundle), policy=POLICY, now=T0)
     assert (d.ca, d.leaf) == (ca, leaf)
     assert reason in " | ".join(d.ca_reasons + d.leaf_reasons)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_certificate_that_breaks_when_read_is_replaced_not_a_crash(
+    bundle: Bundle, fault: Fault
+) -> None:
+    """A malformed extension or key (say, from a user's own PKI) reads as "unreadable"."""
+    leaf_pem = malformed_leaf(
+        _ca(bundle), load_private_key(bundle[TLS_KEY_KEY]), now=T0, fault=fault
+    )
+    current = {**bundle, TLS_CERT_KEY: leaf_pem}
+    d = decide_bundle(current, policy=POLICY, now=T0)
+    assert (d.ca, d.leaf) == ("keep", "issue")
+    assert "tls.crt is unreadable: certificate is malformed" in d.leaf_reasons[0]
+    new = render_bundle(current, d, policy=POLICY, now=T0)
+    verify_chain(new[TLS_CERT_KEY], new[CA_CERT_KEY], now=T0)
+
+    ca_pem = malformed_leaf(
+        _ca(bundle),
+        load_private_key(bundle[CA_KEY_KEY]),
+        now=T0,
+        fault=fault,
+        common_name=DEFAULT_CA_COMMON_NAME,
+    )
+    current = {**bundle, CA_CERT_KEY: ca_pem}
+    d = decide_bundle(current, policy=POLICY, now=T0)
+    assert (d.ca, d.leaf) == ("replace", "issue")
+    assert "ca.crt is unreadable: certificate is malformed" in d.ca_reasons[0]
+    new = render_bundle(current, d, policy=POLICY, now=T0)
+    verify_chain(new[TLS_CERT_KEY], new[CA_CERT_KEY], now=T0)
 
 
 def test_ca_missing_but_leaf_present_recreates_both(bundle: Bundle) -> None:

@@ -74,6 +74,17 @@ def test_env_fills_in_and_flags_win() -> None:
             {}, {"webhooks": ["pods.metagpu.io"]}, ["without webhook_config"], id="hooks-no-config"
         ),
         pytest.param({}, {"attempts": 0}, ["attempts"], id="attempts"),
+        # A value from a YAML block scalar or a file read into an env var ends in a newline.
+        pytest.param(
+            {"METAGPU_CERTS_SECRET": "metagpu-webhook-tls\n"},
+            {},
+            ["secret", "DNS subdomain"],
+            id="secret-newline",
+        ),
+        pytest.param({}, {"service": "svc\n"}, ["service", "DNS label"], id="service-newline"),
+        pytest.param({}, {"namespace": "ns\n"}, ["namespace", "DNS label"], id="ns-newline"),
+        pytest.param({}, {"webhook_config": "metagpu\n"}, ["webhook_config"], id="config-newline"),
+        pytest.param({}, {"dns": ["a\n.example.com"]}, ["dns", "labels"], id="dns-newline"),
         pytest.param({"METAGPU_CERTS_TYPO": "x"}, {"service": None}, [], id="unknown-env-ignored"),
     ],
 )

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from certs.inspection import Check, validity_check
 from certs.issue import (
     CLOCK_SKEW,
     DEFAULT_CA_VALIDITY,
@@ -31,10 +32,12 @@ from certs.issue import (
     common_name_of,
     inspect_cert,
     inspect_certs,
+    iso_utc,
     issue_ca,
     issue_serving_cert,
     key_algorithm_of,
     key_matches,
+    key_to_pem,
     load_private_key,
     new_private_key,
     normalize_dns_name,
@@ -42,9 +45,11 @@ from certs.issue import (
     service_dns_names,
     should_renew,
     signed_by,
+    validity_problem,
     verify_chain,
 )
 from tests.certs.conftest import SERVICE_NAMES, T0
+from tests.certs.malformed import FAULTS, Fault, malformed_leaf
 
 
 def cert(pem: bytes) -> x509.Certificate:
@@ -223,6 +228,7 @@ def test_renewed_ca_with_the_same_key_still_verifies_old_leaves(
         pytest.param(["a" * 64 + ".x"], [], "1-63", id="label-too-long"),
         pytest.param(["bücher.de"], [], "xn--", id="not-ascii"),
         pytest.param(["*."], [], "wildcard", id="bare-wildcard"),
+        pytest.param(["a\n.example.com"], [], "'a\\n.example.com'", id="newline-in-label"),
         pytest.param([], ["10.0.0.256"], "not an IP address: '10.0.0.256'", id="bad-ip"),
     ],
 )
@@ -321,6 +327,50 @@ def test_key_matches_and_inspection(ca_pair: CertPair, leaf_pair: CertPair) -> N
     assert not infos[1].server_auth
     assert key_algorithm_of(load_private_key(ca_pair.key_pem)) == "ecdsa-p256"
     assert key_algorithm_of(rsa.generate_private_key(65537, 2048).public_key()) == "rsa-2048"
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_certificate_that_breaks_when_read_is_a_cert_error(
+    ca_pair: CertPair, fault: Fault
+) -> None:
+    """cryptography parses extensions and keys lazily, with its own exception types;
+    every caller handles CertError, so nothing else may escape."""
+    key = new_private_key()
+    pem = malformed_leaf(ca_pair, key, now=T0, fault=fault)
+    with pytest.raises(CertError, match="certificate is malformed or unsupported"):
+        inspect_cert(pem)
+    with pytest.raises(CertError):
+        inspect_certs(pem + ca_pair.cert_pem)
+    if fault == "unknown-curve":  # the public key is the broken part
+        with pytest.raises(CertError, match="Curve"):
+            key_matches(pem, key_to_pem(key))
+        # ... and as the CA (same subject), its key cannot check a signature
+        ca_name = common_name_of(ca_pair.cert_pem)
+        assert ca_name is not None
+        as_ca = malformed_leaf(ca_pair, key, now=T0, fault=fault, common_name=ca_name)
+        assert not signed_by(ca_pair.cert_pem, as_ca)
+        with pytest.raises(CertError, match="malformed or unsupported"):
+            verify_chain(ca_pair.cert_pem, as_ca, now=T0)
+    else:
+        assert key_matches(pem, key_to_pem(key))
+
+
+def test_every_validity_check_agrees_the_not_after_second_is_still_valid(
+    ca_pair: CertPair, leaf_pair: CertPair
+) -> None:
+    """RFC 5280: notAfter is inclusive. ``metagpu certs inspect``, bootstrap and the
+    chain check all judge that second alike (inspect once said "expired")."""
+    info = inspect_cert(leaf_pair.cert_pem)
+    last = info.not_after
+    assert validity_problem("certificate", info, now=last) is None
+    assert validity_check((info,), now=last).ok
+    verify_chain(leaf_pair.cert_pem, ca_pair.cert_pem, now=last)
+    after = last + dt.timedelta(seconds=1)
+    expired = f"certificate expired at {iso_utc(last)}"
+    assert validity_problem("certificate", info, now=after) == expired
+    assert validity_check((info,), now=after) == Check("validity", False, expired)
+    with pytest.raises(CertError, match="certificate expired at"):
+        verify_chain(leaf_pair.cert_pem, ca_pair.cert_pem, now=after)
 
 
 # --------------------------------------------------------------- renew time

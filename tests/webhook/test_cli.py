@@ -144,14 +144,54 @@ def test_mutate_bad_input(
     assert must_contain in capsys.readouterr().err
 
 
-def test_mutate_other_kinds_are_noted_and_printed(
+GPU_TEMPLATE = """
+  template:
+    spec:
+      containers:
+        - name: train
+          image: busybox
+          resources: {limits: {nvidia.com/gpu: 0.5}}
+"""
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n",
+            id="configmap",
+        ),
+        # The server's classify() requires apps/v1; mutate must not patch what it leaves alone.
+        pytest.param(
+            "apiVersion: apps/v1beta2\nkind: Deployment\nmetadata: {name: c}\nspec:" + GPU_TEMPLATE,
+            id="apps-v1beta2-deployment",
+        ),
+        pytest.param(
+            "apiVersion: batch/v1beta1\nkind: Job\nmetadata: {name: c}\nspec:" + GPU_TEMPLATE,
+            id="batch-v1beta1-job",
+        ),
+    ],
+)
+def test_mutate_other_kinds_are_noted_and_printed_unchanged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    assert main(["mutate", "-f", str(write(tmp_path, text)), "-o", "json"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)[0]
+    assert result["patch"] == []
+    assert result["object"] == yaml.safe_load(text)
+    assert "not a v1 Pod or an apps/v1, batch/v1 or v1 workload" in err
+    assert "the webhook leaves it alone" in err
+
+
+def test_mutate_patches_an_apps_v1_deployment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n"
-    assert main(["mutate", "-f", str(write(tmp_path, cm))]) == 0
-    out, err = capsys.readouterr()
-    assert yaml.safe_load(out)["data"] == {"a": "b"}
-    assert "not a Pod or a workload" in err
+    """The control for the case above: the same Deployment at apps/v1 is mutated."""
+    text = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: c}\nspec:" + GPU_TEMPLATE
+    assert main(["mutate", "-f", str(write(tmp_path, text)), "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)[0]
+    assert result["patch"] != []
 
 
 def test_mutate_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -189,6 +229,18 @@ def test_webhook_flags_beat_env_and_file(tmp_path: Path, monkeypatch: pytest.Mon
     assert loaded.units_per_gpu == 20
     assert loaded.tls.cert_file == Path("/c.crt")
     assert loaded.kubernetes.enabled is False
+
+
+def test_webhook_print_config_shows_the_effective_config_and_serves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write(tmp_path, "units_per_gpu: 10\nlisten: 127.0.0.1:1\n", "c.yaml")
+    monkeypatch.setenv("METAGPU_WEBHOOK_CONFIG", str(config))  # --config from the env
+    assert main(["webhook", "--print-config", "--listen", "127.0.0.1:2"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["units_per_gpu"] == 10
+    assert printed["listen"] == "127.0.0.1:2"
+    assert printed["resource_name"] == "cnvrg.io/metagpu"
 
 
 def test_curl_command_quotes_paths() -> None:

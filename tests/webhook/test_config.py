@@ -153,6 +153,20 @@ def test_kubernetes_enabled_from_env(tmp_path: Path, env: str, expected: object)
         ),
         pytest.param("visible_devices_policy: allow", ["visible_devices_policy"], id="visible"),
         pytest.param("runtime_class_name: Nvidia_X", ["DNS subdomain"], id="runtime-class"),
+        pytest.param(
+            'runtime_class_name: "nvidia\\n"', ["DNS subdomain"], id="runtime-class-newline"
+        ),
+        # A YAML block scalar keeps its final newline: "|" then the name on the next line.
+        pytest.param(
+            "resource_name: |\n  cnvrg.io/metagpu\n",
+            ["resource_name", "alphanumeric", "'cnvrg.io/metagpu\\n'"],
+            id="resource-name-newline",
+        ),
+        pytest.param(
+            'extra_resource_names: ["cnvrg.io/metagpu-a100\\n"]',
+            ["extra_resource_names", "alphanumeric"],
+            id="extra-name-newline",
+        ),
         pytest.param("max_gpus_per_container: 0.001", ["less than one unit"], id="max-too-small"),
         pytest.param("max_body_bytes: 10", ["max_body_bytes"], id="body-too-small"),
     ],

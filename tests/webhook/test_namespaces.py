@@ -7,9 +7,11 @@ import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+from kubernetes_asyncio.config import ConfigException
 
 from certs.files import BundlePaths
 from plugin.api.permissions import verb_set
@@ -133,6 +135,68 @@ async def test_concurrent_misses_share_one_get(
     assert "the last lookup failed moments ago" in again.warnings[0]
 
 
+class CannedResponse:
+    """What ``read_namespace(..., _preload_content=False)`` returns: an aiohttp response."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self._body = body
+
+    async def read(self) -> bytes:
+        return self._body
+
+    def release(self) -> None:
+        return None
+
+
+def _token_file_emptied(name: str, **_: object) -> object:
+    # What kubernetes-asyncio's in-cluster token refresh raises from inside a request.
+    raise ConfigException("Token file exists but empty.")
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        pytest.param(
+            _token_file_emptied, "ConfigException: Token file exists but empty.", id="raises"
+        ),
+        pytest.param(
+            CannedResponse(200, b'["team-x"]'), "JSON that is not an object", id="json-array"
+        ),
+        pytest.param(
+            CannedResponse(200, b'{"metadata": {"annotations": "fixed"}}'),
+            "AttributeError",
+            id="annotations-not-a-map",
+        ),
+        pytest.param(
+            CannedResponse(502, b"<html>bad gateway</html>"),
+            "HTTP 502: <html>bad gateway</html>",
+            id="not-a-status-body",
+        ),
+    ],
+)
+async def test_a_lookup_that_goes_wrong_in_any_way_answers_with_defaults(
+    cache: NamespaceCache, monkeypatch: pytest.MonkeyPatch, answer: object, reason: str
+) -> None:
+    """The docs promise namespace lookups never fail a pod: no exception reaches /mutate
+    (which would answer 500, and with failurePolicy Fail block the pod)."""
+    calls = 0
+
+    async def read_namespace(name: str, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        return answer(name, **kwargs) if callable(answer) else answer
+
+    monkeypatch.setattr(cache._v1, "read_namespace", read_namespace)
+    facts = await cache.facts("team-x")
+    assert facts.compute_policy is None
+    assert reason in facts.warnings[0]
+    assert "webhook defaults were" in facts.warnings[0]
+    again = await cache.facts("team-x")  # backs off: no second call
+    assert "the last lookup failed moments ago" in again.warnings[0]
+    assert calls == 1
+
+
 async def test_relists_after_410_gone(
     cache: NamespaceCache, kube_api: tuple[FakeKubeApi, str]
 ) -> None:
@@ -187,7 +251,10 @@ async def test_get_is_bounded_by_the_lookup_timeout(tmp_path: Path) -> None:
     assert "timed out after 0.2s" in facts.warnings[0]
 
 
-async def test_without_a_cluster_the_webhook_runs_on_config_alone(tmp_path: Path) -> None:
+async def test_without_a_cluster_the_webhook_runs_on_config_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config to fall back on
     assert isinstance(await open_namespace_source(KubernetesConfig(), env={}), StaticNamespaces)
     assert isinstance(
         await open_namespace_source(KubernetesConfig(enabled=False), env={"KUBECONFIG": "x"}),
@@ -201,6 +268,38 @@ async def test_without_a_cluster_the_webhook_runs_on_config_alone(tmp_path: Path
         await open_namespace_source(KubernetesConfig(enabled=True, kubeconfig=broken), env={})
     with pytest.raises(KubernetesUnavailableError, match="in-cluster service account"):
         await open_namespace_source(KubernetesConfig(enabled=True), env={})
+
+
+async def test_in_cluster_credentials_come_before_kubeconfig_as_everywhere_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The webhook, bootstrap and the agent find credentials the same way
+    (certs.kube.load_credentials), so one pod never runs as two identities."""
+
+    def load_incluster_config(client_configuration: Any, environ: dict[str, str], **_: Any) -> None:
+        if "KUBERNETES_SERVICE_HOST" not in environ:
+            raise ConfigException("Service host/port is not set.")
+        client_configuration.host = "https://10.96.0.1:443"
+
+    monkeypatch.setattr("certs.kube.config.load_incluster_config", load_incluster_config)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://from-kubeconfig:6443'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    in_pod = await new_api_client(KubernetesConfig(), {**env, "KUBECONFIG": str(kubeconfig)})
+    told = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig), env)
+    outside = await new_api_client(KubernetesConfig(), {"KUBECONFIG": str(kubeconfig)})
+    try:
+        assert in_pod.configuration.host == "https://10.96.0.1:443"
+        assert told.configuration.host == "https://from-kubeconfig:6443"
+        assert outside.configuration.host == "https://from-kubeconfig:6443"
+    finally:
+        for api in (in_pod, told, outside):
+            await api.close()
 
 
 async def test_server_uses_namespace_policy_and_dry_run_writes_nothing(

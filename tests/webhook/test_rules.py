@@ -19,6 +19,7 @@ from tests.webhook.builders import (
     settings,
     workload,
 )
+from webhook.config import WebhookConfig
 from webhook.rules import (
     Mutation,
     NamespaceFacts,
@@ -249,6 +250,60 @@ def test_conversion_denials_name_container_value_and_accepted(
     assert d.code == 400
     for text in must_contain:
         assert text in d.message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "suggested", "low", "high"),
+    [
+        pytest.param({}, "a share between 0.01 and 8 of a GPU", "0.01", "8", id="default"),
+        pytest.param(
+            {"max_gpus_per_container": 0.29},
+            "a share between 0.01 and 0.29 of a GPU",
+            "0.01",
+            "0.29",
+            id="float-maximum",
+        ),
+        pytest.param(
+            {"units_per_gpu": 300, "max_gpus_per_container": 0.7},
+            f"{METAGPU}: 1 to 210 (300 units per GPU)",
+            "1",
+            "210",
+            id="one-unit-no-decimal",
+        ),
+        pytest.param(
+            {"units_per_gpu": 8, "max_gpus_per_container": 0.7},
+            "a share between 0.125 and 0.625 of a GPU",
+            "0.125",
+            "0.625",
+            id="maximum-not-whole-units",
+        ),
+        pytest.param(
+            {"units_per_gpu": 7, "max_gpus_per_container": 0.7},
+            f"{METAGPU}: 1 to 4 (7 units per GPU)",
+            "1",
+            "4",
+            id="sevenths",
+        ),
+    ],
+)
+def test_the_suggested_range_is_itself_accepted(
+    overrides: dict[str, Any], suggested: str, low: str, high: str
+) -> None:
+    """A denial never suggests a value that would be denied in turn (a rounded
+    1/300, or a maximum that is not a whole number of units)."""
+    s = settings(**overrides)
+    d = denied(mutate_pod(pod(gpu("0", resource="cnvrg.io/gpu")), settings=s))
+    assert f"ask for {suggested}" in d.message
+    resource = "cnvrg.io/gpu" if "share" in suggested else METAGPU
+    for value in (low, high):
+        allowed(mutate_pod(pod(gpu(value, resource=resource)), settings=s))
+
+
+def test_max_units_is_exact_for_a_float_maximum() -> None:
+    """0.29 GPUs x 100 is 28.999... in floats; the config and the rules agree on 29."""
+    config = WebhookConfig.model_validate({"max_gpus_per_container": 0.29})
+    assert config.max_units == 29
+    assert RuleSettings.from_config(config).max_units == 29
 
 
 def test_denial_names_init_container_and_lists_every_problem() -> None:

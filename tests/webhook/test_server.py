@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from certs.files import BundlePaths
-from certs.issue import inspect_cert
+from certs.issue import inspect_cert, verify_chain
 from tests.conftest import load_admission_fixture
 from tests.webhook.conftest import client_context, webhook_config
 from tests.webhook.http import ReviewClient
@@ -244,21 +244,63 @@ async def test_embedded_default_generates_then_reuses_its_ca(tmp_path: Path) -> 
         assert hook.ca_file.read_bytes() == first_ca
 
 
-async def test_embedded_default_replaces_a_bundle_due_for_renewal(tmp_path: Path) -> None:
-    config = WebhookConfig.model_validate(
+def _local_config(directory: Path) -> WebhookConfig:
+    return WebhookConfig.model_validate(
         {
             "listen": "127.0.0.1:0",
-            "tls": {"generate_dir": str(tmp_path)},
+            "tls": {"generate_dir": str(directory)},
             "kubernetes": {"enabled": False},
         }
     )
+
+
+async def test_embedded_default_renews_the_serving_certificate_and_keeps_its_ca(
+    tmp_path: Path,
+) -> None:
+    """The CA a developer trusted (or pasted into a kind cluster's caBundle) stays."""
+    config = _local_config(tmp_path)
+    async with running_webhook(config):
+        pass
+    first = {name: (tmp_path / name).read_bytes() for name in ("ca.crt", "ca.key", "tls.crt")}
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=300)  # serving cert due, CA not
+    async with running_webhook(config, clock=lambda: later) as hook:
+        served = hook.tls.current.info
+    assert (tmp_path / "ca.crt").read_bytes() == first["ca.crt"]
+    assert (tmp_path / "ca.key").read_bytes() == first["ca.key"]
+    assert (tmp_path / "tls.crt").read_bytes() != first["tls.crt"]
+    assert served.serial == inspect_cert((tmp_path / "tls.crt").read_bytes()).serial
+    verify_chain((tmp_path / "tls.crt").read_bytes(), first["ca.crt"], now=later)
+
+
+async def test_embedded_default_renews_a_due_ca_with_its_own_key(tmp_path: Path) -> None:
+    config = _local_config(tmp_path)
+    async with running_webhook(config):
+        pass
+    first_ca, first_key = (tmp_path / "ca.crt").read_bytes(), (tmp_path / "ca.key").read_bytes()
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=3000)  # the 10-year CA is due
+    async with running_webhook(config, clock=lambda: later):
+        pass
+    assert (tmp_path / "ca.crt").read_bytes() != first_ca
+    assert (tmp_path / "ca.key").read_bytes() == first_key
+    # a client that trusted the first CA certificate still accepts the new serving certificate
+    verify_chain((tmp_path / "tls.crt").read_bytes(), first_ca, now=later)
+
+
+async def test_embedded_default_replaces_a_bundle_without_a_ca_key(tmp_path: Path) -> None:
+    """Earlier versions kept no ca.key: such a CA cannot sign, so it is replaced, once."""
+    config = _local_config(tmp_path)
+    async with running_webhook(config):
+        pass
+    (tmp_path / "ca.key").unlink()
+    old_ca = (tmp_path / "ca.crt").read_bytes()
+    async with running_webhook(config):
+        pass
+    new_ca = (tmp_path / "ca.crt").read_bytes()
+    assert new_ca != old_ca
+    assert (tmp_path / "ca.key").exists()
     async with running_webhook(config) as hook:
         assert hook.ca_file is not None
-        first_ca = hook.ca_file.read_bytes()
-    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=300)
-    async with running_webhook(config, clock=lambda: later) as hook:
-        assert hook.ca_file is not None
-        assert hook.ca_file.read_bytes() != first_ca
+        assert hook.ca_file.read_bytes() == new_ca
 
 
 async def test_untrusted_client_cannot_connect(webhook: RunningWebhook) -> None:
