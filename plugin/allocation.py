@@ -36,11 +36,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 
 from plugin.api.config import AllocationPolicy
 from plugin.api.resources import DeviceId, ReplicaId
-from plugin.devices import DeviceError, DeviceTable, MetaDevice, UnknownDeviceError
+from plugin.devices import DeviceError, DeviceTable, UnknownDeviceError
 
 
 class AllocationError(DeviceError):
@@ -60,19 +59,12 @@ class Placement:
     """More than one GPU holds a partial share: the fraction is split."""
 
 
-_ORDER = attrgetter("gpu.position", "unit")
+def is_fraction_split(units_held: Iterable[int], *, units_per_gpu: int) -> bool:
+    """More than one GPU holds a partial share: a fraction is spread over GPUs.
 
-
-def summarize(devices: Iterable[MetaDevice], *, units_per_gpu: int) -> Placement:
-    """Describe any set of meta-devices (ours or the kubelet's choice) as a Placement."""
-    ordered = sorted(devices, key=_ORDER)
-    counts: dict[DeviceId, int] = {}
-    for d in ordered:
-        counts[d.gpu.device_id] = counts.get(d.gpu.device_id, 0) + 1
-    partial = sum(1 for n in counts.values() if n < units_per_gpu)
-    return Placement(
-        ids=tuple(d.id for d in ordered), units_by_gpu=counts, fraction_split=partial > 1
-    )
+    ``units_held`` is how many units an allocation takes from each GPU it
+    touches; whole GPUs never count (1.5 GPUs as 100 + 50 is not a split)."""
+    return sum(1 for n in units_held if n < units_per_gpu) > 1
 
 
 def preferred_allocation(
@@ -196,8 +188,6 @@ def _materialise(
     """The IDs for the decided counts: the lowest available units of each GPU."""
     ids: list[ReplicaId] = []
     counts: dict[DeviceId, int] = {}
-    partial = 0
-    units = table.units_per_gpu
     for pos, gpu in enumerate(table.gpus):
         extra, fixed = take[pos], must_on[pos]
         if not extra and not fixed:
@@ -211,10 +201,9 @@ def _materialise(
                 extra -= 1
             if not extra and not fixed:
                 break
-        total = take[pos] + must_on[pos]
-        counts[gpu.device_id] = total
-        partial += total < units
-    return Placement(ids=tuple(ids), units_by_gpu=counts, fraction_split=partial > 1)
+        counts[gpu.device_id] = take[pos] + must_on[pos]
+    split = is_fraction_split(counts.values(), units_per_gpu=table.units_per_gpu)
+    return Placement(ids=tuple(ids), units_by_gpu=counts, fraction_split=split)
 
 
 def _order_whole(

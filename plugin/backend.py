@@ -14,7 +14,7 @@ driver-specific exception, so callers need exactly one ``except``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -114,11 +114,26 @@ class GpuBackend(Protocol):
         """Memory and utilisation of the GPU ``uuid`` now."""
         ...
 
+    def watch_events(self, uuids: Collection[str]) -> None:
+        """Which GPUs :meth:`wait_event` must watch; called after every discovery.
+
+        Replaces the previous set. A backend that must register GPUs with the
+        driver (NVML) does it on the next :meth:`wait_event`, and retries a
+        failed registration on later waits, so GPUs that a rediscovery adds or
+        heals are watched too. Events of GPUs outside the set may still arrive
+        (NVML cannot unregister); the caller ignores them. Never blocks on the
+        driver, so the event loop may call it.
+        """
+        ...
+
     def wait_event(self, timeout_s: float) -> GpuEvent | None:
         """Block up to ``timeout_s`` for the next health event; None on timeout.
 
         Bounded so the caller can notice a stop request between waits
         (NVIDIA ``health.go`` loops on ``eventSet.Wait(5000)`` for the same reason).
+        A failure of the wait itself raises :class:`GpuBackendError` (with no
+        ``uuid``: every watched GPU is suspect) rather than returning at once,
+        so a caller that backs off on errors cannot spin on a broken driver.
         """
         ...
 
@@ -144,6 +159,9 @@ class NullBackend:
 
     def usage(self, uuid: str) -> GpuUsage:
         raise GpuBackendError(f"unknown GPU: {uuid}", uuid=uuid)
+
+    def watch_events(self, uuids: Collection[str]) -> None:
+        return None
 
     def wait_event(self, timeout_s: float) -> GpuEvent | None:
         time.sleep(max(0.0, timeout_s))

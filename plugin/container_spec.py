@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from pathlib import PurePosixPath
 
 from plugin.api.config import PluginConfig
@@ -46,13 +45,11 @@ from plugin.api.resources import (
     ENV_UNITS,
     REPLICA_SEPARATOR,
 )
-from plugin.devices import Gpu, MetaDevice
+from plugin.devices import DEVICE_ORDER, Gpu, MetaDevice, memory_limit_mib
 
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 """NVIDIA's ``deviceListAsVolumeMountsContainerPathRoot``; the NVIDIA container
 runtime reads the GPU list from mount destinations under it."""
-
-_ORDER = attrgetter("gpu.position", "unit")
 
 VOLUME_MOUNTS_HOST_PATH = "/dev/null"
 """NVIDIA's ``deviceListAsVolumeMountsHostPath``: the mount source is irrelevant."""
@@ -86,7 +83,7 @@ class ContainerSpec:
 def build_container_spec(devices: Sequence[MetaDevice], *, config: PluginConfig) -> ContainerSpec:
     """The response for one container holding ``devices`` (already validated)."""
     units_per_gpu = config.units_per_gpu
-    ordered = sorted(devices, key=_ORDER)
+    ordered = sorted(devices, key=DEVICE_ORDER)
     per_gpu: dict[int, list[MetaDevice]] = {}
     for d in ordered:
         per_gpu.setdefault(d.gpu.position, []).append(d)
@@ -94,7 +91,9 @@ def build_container_spec(devices: Sequence[MetaDevice], *, config: PluginConfig)
         GpuShare(
             gpu=held[0].gpu,
             units=len(held),
-            memory_limit_mib=held[0].gpu.memory_mib * len(held) // units_per_gpu,
+            memory_limit_mib=memory_limit_mib(
+                len(held), units_per_gpu=units_per_gpu, memory_total_mib=held[0].gpu.memory_mib
+            ),
         )
         for held in per_gpu.values()
     )
@@ -153,7 +152,7 @@ def compress_ids(devices: Sequence[MetaDevice], *, presorted: bool = False) -> s
     ``GPU-a::0-49,GPU-b::7`` stands for ``GPU-a::0`` … ``GPU-a::49`` and
     ``GPU-b::7``; :func:`expand_ids` is the inverse."""
     runs: list[str] = []
-    ordered = devices if presorted else sorted(devices, key=_ORDER)
+    ordered = devices if presorted else sorted(devices, key=DEVICE_ORDER)
     i = 0
     while i < len(ordered):
         start = ordered[i]

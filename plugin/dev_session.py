@@ -259,11 +259,16 @@ def _gpu_rows(s: _Session) -> list[tuple[int, str, str]]:
     ]
 
 
-def _describe_gpu(s: _Session, gpu_id: str) -> str:
+def _gpu_names(s: _Session) -> dict[str, str]:
+    """Device ID (UUID or index, per ``device_id_strategy``) → ``GPU <index> <uuid>``.
+
+    Built once per command: the GPUs file is read and validated once, not once
+    per GPU mentioned."""
+    names: dict[str, str] = {}
     for index, uuid, _ in _gpu_rows(s):
-        if gpu_id in (uuid, str(index)):
-            return f"GPU {index} {uuid}"
-    return gpu_id
+        names.setdefault(uuid, f"GPU {index} {uuid}")
+        names.setdefault(str(index), f"GPU {index} {uuid}")
+    return names
 
 
 # ---------------------------------------------------------------- commands
@@ -334,7 +339,8 @@ async def _allocate(s: _Session, command: Allocate) -> None:
     for device_id in ids:
         gpu, _ = parse_replica_id(device_id)
         counts[gpu] = counts.get(gpu, 0) + 1
-    placed = ", ".join(f"{n} on {_describe_gpu(s, gpu)}" for gpu, n in counts.items())
+    names = _gpu_names(s)
+    placed = ", ".join(f"{n} on {names.get(gpu, gpu)}" for gpu, n in counts.items())
     say(f"#{number} allocate {command.asked} -> {command.units} units: {placed}")
     for key in sorted(response.envs):
         say(f"    {key}={response.envs[key]}")
@@ -358,10 +364,11 @@ def _release(s: _Session, command: Release, *, quiet: bool = False) -> None:
 def _show_devices(s: _Session) -> None:
     conn = s.kubelet.plugins[s.resource]
     per_gpu = _by_gpu(conn)
+    names = _gpu_names(s)
     say(f"{'GPU':<48} {'healthy':>8} {'allocated':>10} {'free':>6}")
     for gpu, row in per_gpu.items():
         health = "yes" if row["unhealthy"] == 0 else "NO"
-        say(f"{_describe_gpu(s, gpu):<48} {health:>8} {row['allocated']:>10} {row['free']:>6}")
+        say(f"{names.get(gpu, gpu):<48} {health:>8} {row['allocated']:>10} {row['free']:>6}")
     say(f"allocatable: {s.kubelet.allocatable(s.resource)} (healthy meta-devices)")
 
 

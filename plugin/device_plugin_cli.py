@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Final
+from typing import Final, get_args
 
 from plugin.api.commands import (
     Command,
@@ -19,10 +19,15 @@ from plugin.api.commands import (
     add_print_config_argument,
     print_config,
 )
-from plugin.api.config import CONFIG_FILE_ENV, ENV_PREFIX, PluginConfig
+from plugin.api.config import (
+    CONFIG_FILE_ENV,
+    ENV_PREFIX,
+    AllocationPolicy,
+    DeviceIdStrategy,
+    DeviceListStrategy,
+    PluginConfig,
+)
 from plugin.api.settings import load_config
-
-"""Fallback for ``--config`` (the chart mounts the ConfigMap and sets this)."""
 
 DESCRIPTION: Final = """\
 Serve meta-devices to the kubelet over the device plugin API v1beta1.
@@ -59,15 +64,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="advertise one resource with this name on all GPUs (replaces 'resources')",
     )
     parser.add_argument("--units-per-gpu", type=int, metavar="N", help="meta-devices per GPU")
-    parser.add_argument("--allocation-policy", choices=("binpack", "spread"))
+    parser.add_argument("--allocation-policy", choices=get_args(AllocationPolicy))
     parser.add_argument(
         "--allow-split-fraction",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="a fraction split across GPUs is expected rather than a warning",
     )
-    parser.add_argument("--device-id-strategy", choices=("uuid", "index"))
-    parser.add_argument("--device-list-strategy", choices=("envvar", "volume-mounts"))
+    parser.add_argument("--device-id-strategy", choices=get_args(DeviceIdStrategy))
+    parser.add_argument("--device-list-strategy", choices=get_args(DeviceListStrategy))
     parser.add_argument(
         "--fail-on-init-error",
         action=argparse.BooleanOptionalAction,

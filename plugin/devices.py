@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import Final
 
-from plugin.api.config import DeviceIdStrategy, ResourceConfig
+from plugin.api.config import DeviceIdStrategy, ResourceConfig, selector_key
 from plugin.api.resources import (
     DeviceId,
     ReplicaId,
@@ -26,6 +28,10 @@ from plugin.api.resources import (
     format_replica_id,
 )
 from plugin.backend import GpuInfo
+
+DEVICE_ORDER: Final = attrgetter("gpu.position", "unit")
+"""Sort key for meta-devices: by GPU (NVML order), then unit; the order of
+``DeviceTable.devices`` and of every list handed to a container."""
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -45,7 +51,8 @@ class UnknownDeviceError(DeviceError):
 
 
 class GpuSelectionError(DeviceError):
-    """The config assigns one GPU to two resources (e.g. by index in one, by UUID in another)."""
+    """The config selects one GPU twice: for two resources, or twice in one (e.g. by
+    index and by UUID). A config problem, so retrying cannot fix it."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,16 @@ class MetaDevice:
     unit: int
 
 
+def memory_limit_mib(units: int, *, units_per_gpu: int, memory_total_mib: int) -> int:
+    """The memory ``units`` of a GPU with ``memory_total_mib`` allow, floored to whole MiB.
+
+    The one formula behind a container's ``METAGPU_MEMORY_LIMIT_MB`` and MPS
+    pinned limit (:mod:`plugin.container_spec`) and the node agent's enforcement
+    limit (:mod:`plugin.agent.accounting`): what a container is told and what it
+    is held to must never differ."""
+    return units * memory_total_mib // units_per_gpu
+
+
 def gpu_device_id(info: GpuInfo, strategy: DeviceIdStrategy) -> DeviceId:
     """Name a GPU for the container runtime per ``device_id_strategy``."""
     return DeviceId(info.uuid if strategy == "uuid" else str(info.index))
@@ -112,9 +129,11 @@ def select_gpus(gpus: Sequence[GpuInfo], resources: Sequence[ResourceConfig]) ->
     """Assign discovered GPUs to resources.
 
     A selector is a GPU index (an int, or a string of digits because env vars
-    are strings) or a UUID (case-insensitive). Selectors that match nothing are
+    are strings) or a UUID (case-insensitive), see
+    :func:`~plugin.api.config.selector_key`. Selectors that match nothing are
     warnings, not errors: one config serves every node of the DaemonSet.
-    Raises :class:`GpuSelectionError` when one GPU would back two resources.
+    Raises :class:`GpuSelectionError` when one GPU would back two resources, or
+    is selected twice by one (by index and by UUID: only discovery can tell).
     """
     warnings: list[str] = []
     usable: list[GpuInfo] = []
@@ -139,6 +158,7 @@ def select_gpus(gpus: Sequence[GpuInfo], resources: Sequence[ResourceConfig]) ->
         if resource.gpus == "all":
             chosen = list(usable)
         else:
+            picked_by: dict[str, int | str] = {}
             for item in resource.gpus:
                 match = _match(item, by_index=by_index, by_uuid=by_uuid)
                 if match is None:
@@ -147,6 +167,12 @@ def select_gpus(gpus: Sequence[GpuInfo], resources: Sequence[ResourceConfig]) ->
                             f"resource {resource.name}: no GPU {item!r} on this node; skipped"
                         )
                     continue
+                if match.uuid in picked_by:
+                    raise GpuSelectionError(
+                        f"resource {resource.name} selects GPU {match.index} ({match.uuid}) "
+                        f"twice, as {picked_by[match.uuid]!r} and as {item!r}; list each GPU once"
+                    )
+                picked_by[match.uuid] = item
                 chosen.append(match)
         for gpu in chosen:
             first = owner.setdefault(gpu.uuid, resource.name)
@@ -163,11 +189,8 @@ def select_gpus(gpus: Sequence[GpuInfo], resources: Sequence[ResourceConfig]) ->
 def _match(
     item: int | str, *, by_index: Mapping[int, GpuInfo], by_uuid: Mapping[str, GpuInfo]
 ) -> GpuInfo | None:
-    if isinstance(item, int):
-        return by_index.get(item)
-    if item.isascii() and item.isdigit():
-        return by_index.get(int(item))
-    return by_uuid.get(item.strip().lower())
+    key = selector_key(item)
+    return by_index.get(key) if isinstance(key, int) else by_uuid.get(key)
 
 
 class DeviceTable:
@@ -199,7 +222,7 @@ class DeviceTable:
         ids = [g.device_id for g in self.gpus]
         if len(set(ids)) != len(ids):
             raise GpuSelectionError(f"two GPUs share a device ID under {id_strategy}: {ids}")
-        self._by_uuid = {g.uuid: g for g in self.gpus}
+        self._uuids = frozenset(g.uuid for g in self.gpus)
         self.devices: tuple[MetaDevice, ...] = tuple(
             MetaDevice(id=format_replica_id(g.device_id, unit), gpu=g, unit=unit)
             for g in self.gpus
@@ -221,13 +244,6 @@ class DeviceTable:
     def __len__(self) -> int:
         return len(self.devices)
 
-    def lookup(self, device_id: str) -> MetaDevice:
-        """The meta-device named ``device_id``; :class:`UnknownDeviceError` if none."""
-        device = self.by_id.get(device_id)
-        if device is None:
-            raise UnknownDeviceError(device_id, resource=self.resource)
-        return device
-
     def lookup_all(self, device_ids: Iterable[str]) -> list[MetaDevice]:
         """Every named meta-device, duplicates dropped, in the order given.
 
@@ -241,22 +257,7 @@ class DeviceTable:
             found[device_id] = device
         return list(found.values())
 
-    def gpu_by_uuid(self, uuid: str) -> Gpu | None:
-        """The GPU with this UUID if it backs this resource."""
-        return self._by_uuid.get(uuid)
-
     @property
     def uuids(self) -> frozenset[str]:
-        return frozenset(self._by_uuid)
-
-
-def listing(
-    table: DeviceTable, unhealthy: Iterable[str]
-) -> list[tuple[ReplicaId, str, int | None]]:
-    """The complete device list as ``(id, health, numa_node)``, GPUs of ``unhealthy``
-    UUIDs marked Unhealthy. Every meta-device of a sick GPU goes: the kubelet must
-    not place a new share on a GPU that another share already found broken."""
-    sick = frozenset(unhealthy)
-    return [
-        (d.id, UNHEALTHY if d.gpu.uuid in sick else HEALTHY, d.gpu.numa_node) for d in table.devices
-    ]
+        """The UUIDs of the GPUs backing this resource."""
+        return self._uuids

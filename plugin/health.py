@@ -15,8 +15,9 @@ Two kinds of unhealthy:
 * **event**: a critical XID, a double-bit ECC error, a lost GPU or a failed
   driver call while watching; recovers after ``recovery_s`` clean + a probe.
 * **discovery**: the driver could not even describe the GPU at start-up; it
-  stays unhealthy until the next discovery (plugin restart or SIGHUP), because
-  there is nothing to probe against.
+  stays unhealthy until the next discovery (every restart of serving: a
+  kubelet restart, SIGHUP, a plugin restart), because there is nothing to
+  probe against.
 """
 
 from __future__ import annotations
@@ -158,6 +159,21 @@ class HealthLedger:
     def set_policy(self, policy: HealthPolicy) -> None:
         """Adopt a reloaded policy; sick GPUs stay sick (their events happened)."""
         self.policy = policy
+
+    def clear_events(self) -> list[HealthChange]:
+        """Heal every event-caused sick GPU: health checking was turned off, so
+        nothing would ever probe or recover them. Discovery failures stay (the
+        GPU could not even be described)."""
+        changes: list[HealthChange] = []
+        for uuid, s in list(self._sick.items()):
+            if s.cause == "event":
+                del self._sick[uuid]
+                changes.append(
+                    HealthChange(
+                        uuid, healthy=True, reason=f"health checking disabled ({s.reason})"
+                    )
+                )
+        return changes
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drop state for GPUs no longer on the node (after a rediscovery)."""

@@ -87,6 +87,11 @@ class HealthBoard:
     def set_discovery_failures(self, failures: Mapping[str, str]) -> None:
         self.apply(self.ledger.mark_discovery_failures(failures, now=self.clock()))
 
+    def clear_event_failures(self) -> None:
+        """Health checking is off: heal what only events made sick (see
+        :meth:`~plugin.health.HealthLedger.clear_events`)."""
+        self.apply(self.ledger.clear_events())
+
 
 class HealthMonitor:
     """Watch one backend's events for ``uuids`` and keep ``board`` up to date.
@@ -106,15 +111,20 @@ class HealthMonitor:
     ) -> None:
         self._backend = backend
         self._board = board
-        self._uuids = frozenset(uuids)
+        self._uuids: frozenset[str] = frozenset()
         self._timeout_s = event_timeout_s
         self._queue: asyncio.Queue[GpuEvent] = asyncio.Queue()
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
+        self.watch(uuids)
 
     def watch(self, uuids: Iterable[str]) -> None:
-        """Change which GPUs' events count (after a rediscovery); others are ignored."""
+        """Change which GPUs are watched (after a rediscovery); others' events are ignored.
+
+        The backend is told too, so GPUs that a rediscovery adds (or heals) get
+        registered for driver events, not only counted."""
         self._uuids = frozenset(uuids)
+        self._backend.watch_events(self._uuids)
 
     async def __aenter__(self) -> HealthMonitor:
         self._tasks = [

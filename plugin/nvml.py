@@ -10,10 +10,15 @@ After NVIDIA's ``internal/resource`` (discovery) and ``internal/rm/health.go``
   plugin crashing (the original MetaGPU crashed here);
 * event waits are bounded (``nvmlEventSetWait_v2(set, timeout_ms)``), so the
   caller's thread notices a stop within one interval;
+* the GPUs registered for events are the ones the health monitor watches
+  (:meth:`NvmlBackend.watch_events`, after every discovery), not a second
+  discovery of our own; GPUs added later are registered on the next wait;
 * a driver that cannot deliver events for a GPU (``NVML_ERROR_NOT_SUPPORTED``
   on registration) gets a warning and the GPU stays healthy, as NVIDIA does
   ("too old to support health checking"); any other registration failure
-  marks that GPU unhealthy; a failed wait marks every GPU unhealthy.
+  marks that GPU unhealthy and is retried on the next wait round; a failed
+  wait raises :class:`~plugin.backend.GpuBackendError`, so the monitor marks
+  every GPU unhealthy and backs off before waiting again.
 
 NVML is not safe to shut down while another thread waits on an event set, so
 :meth:`NvmlBackend.close` must be called after the health thread stopped
@@ -25,7 +30,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,7 +78,16 @@ class NvmlBackend:
         self._sysfs = sysfs_pci_root
         self._lock = threading.Lock()
         self._event_set: Any = None
+        self._wanted: frozenset[str] = frozenset()
+        """What :meth:`watch_events` asked for."""
         self._watched: set[str] = set()
+        """Registered in ``_event_set``."""
+        self._unsupported: set[str] = set()
+        """The driver cannot deliver events for these (logged once, never retried)."""
+        self._register_due = True
+        """Set after every wait round and when GPUs are added; registration runs at
+        most once per round, so a GPU that keeps failing cannot make waits spin."""
+        self._wake = threading.Event()
         self._pending: collections.deque[GpuEvent] = collections.deque()
         self._closed = False
         try:
@@ -204,15 +218,36 @@ class NvmlBackend:
         )
 
     # ------------------------------------------------------------- events
+    def watch_events(self, uuids: Collection[str]) -> None:
+        with self._lock:
+            added = frozenset(uuids) - self._wanted
+            self._wanted = frozenset(uuids)
+            if added:
+                self._register_due = True
+        self._wake.set()  # a thread idling without an event set registers them now
+
     def wait_event(self, timeout_s: float) -> GpuEvent | None:
         with self._lock:
             if self._closed:
                 return None
-            if self._event_set is None:
-                self._register_events()
+            if not self._pending and self._register_due:
+                self._register_due = False  # once per wait round: failures never spin
+                self._register_wanted()
             if self._pending:
                 return self._pending.popleft()
-            event_set = self._event_set
+            event_set = self._event_set if self._watched else None
+            self._wake.clear()
+        try:
+            if event_set is None:
+                # Nothing registered (yet): idle, but wake when GPUs are handed over.
+                self._wake.wait(max(0.0, timeout_s))
+                return None
+            return self._wait(event_set, timeout_s)
+        finally:
+            with self._lock:
+                self._register_due = True
+
+    def _wait(self, event_set: Any, timeout_s: float) -> GpuEvent | None:
         timeout_ms = max(0, int(timeout_s * 1000))
         try:
             data = pynvml.nvmlEventSetWait_v2(event_set, timeout_ms)
@@ -220,64 +255,55 @@ class NvmlBackend:
             if _code(exc) == pynvml.NVML_ERROR_TIMEOUT:
                 return None
             # NVIDIA: "Error waiting for event; Marking all devices as unhealthy".
-            with self._lock:
-                for uuid in sorted(self._watched):
-                    self._pending.append(
-                        GpuEvent(
-                            uuid=uuid,
-                            kind="backend_error",
-                            detail=f"waiting for NVML events failed: {exc}",
-                        )
-                    )
-                return self._pending.popleft() if self._pending else None
+            # Raised, not returned as events: the caller backs off before waiting again.
+            raise GpuBackendError(f"waiting for NVML events failed: {exc}") from exc
         return self._to_event(data)
 
-    def _register_events(self) -> None:
-        """Create the event set and register every GPU; runs once, under the lock."""
-        try:
-            self._event_set = pynvml.nvmlEventSetCreate()
-        except pynvml.NVMLError as exc:
-            raise GpuBackendError(f"NVML could not create an event set: {exc}") from exc
-        for info in self.devices():
-            if info.unhealthy_reason is not None:
-                continue  # already unhealthy from discovery
+    def _register_wanted(self) -> None:
+        """Register every wanted GPU not registered yet; runs under the lock.
+
+        The event set is created on first use and kept (NVML cannot unregister a
+        GPU, and GPUs already in it must stay watched). A GPU whose registration
+        fails gets a ``backend_error`` event and is retried on the next round; one
+        whose driver cannot deliver events is logged once and left healthy."""
+        todo = sorted(self._wanted - self._watched - self._unsupported)
+        if not todo:
+            return
+        if self._event_set is None:
             try:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(info.uuid)
+                self._event_set = pynvml.nvmlEventSetCreate()
+            except pynvml.NVMLError as exc:
+                raise GpuBackendError(f"NVML could not create an event set: {exc}") from exc
+        for uuid in todo:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
                 supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
                 pynvml.nvmlDeviceRegisterEvents(handle, WATCHED_EVENTS & supported, self._event_set)
             except pynvml.NVMLError as exc:
                 if _code(exc) == pynvml.NVML_ERROR_NOT_SUPPORTED:
                     logger.warning(
                         "GPU %s is too old to support health checking; it stays healthy",
-                        info.uuid,
-                        extra={"gpu": info.uuid},
+                        uuid,
+                        extra={"gpu": uuid},
                     )
+                    self._unsupported.add(uuid)
                     continue
                 self._pending.append(
                     GpuEvent(
-                        uuid=info.uuid,
+                        uuid=uuid,
                         kind="backend_error",
                         detail=f"cannot register for health events: {exc}",
                     )
                 )
                 continue
-            self._watched.add(info.uuid)
+            self._watched.add(uuid)
 
     def _to_event(self, data: Any) -> GpuEvent | None:
         try:
             uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
         except pynvml.NVMLError as exc:
             # The event names a GPU we cannot identify: as NVIDIA does, suspect them all.
-            with self._lock:
-                for watched in sorted(self._watched):
-                    self._pending.append(
-                        GpuEvent(
-                            uuid=watched,
-                            kind="backend_error",
-                            detail=f"event from an unidentifiable GPU: {exc}",
-                        )
-                    )
-                return self._pending.popleft() if self._pending else None
+            raise GpuBackendError(f"NVML event from a GPU it cannot identify: {exc}") from exc
         kind = int(data.eventType)
         if kind & pynvml.nvmlEventTypeDoubleBitEccError:
             return GpuEvent(uuid=uuid, kind="ecc_double_bit", xid=48)
@@ -296,6 +322,7 @@ class NvmlBackend:
             if self._closed:
                 return
             self._closed = True
+            self._wake.set()
             if self._event_set is not None:
                 try:
                     pynvml.nvmlEventSetFree(self._event_set)

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Final
 
 import grpc
 
 from plugin._pb import deviceplugin_v1beta1_pb2 as pb
-from plugin.allocation import Placement, preferred_allocation, summarize
+from plugin.allocation import is_fraction_split, preferred_allocation
 from plugin.api.config import PluginConfig
+from plugin.api.resources import DeviceId
 from plugin.container_spec import build_container_spec
 from plugin.devices import HEALTHY, UNHEALTHY, DeviceError, DeviceTable, MetaDevice
 from plugin.health_monitor import HealthBoard
@@ -78,13 +79,20 @@ class DevicePluginServicer:
         return plugin_options()
 
     async def ListAndWatch(self, request: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802
-        """The complete list now, then again on every health change, until stopped."""
+        """The complete list now, then again whenever a GPU of this resource
+        changes health, until stopped."""
         logger.info("kubelet opened ListAndWatch", extra={"resource": self._table.resource})
         stopped = asyncio.create_task(self._stop.wait(), name="list-and-watch-stop")
+        sent: frozenset[str] | None = None
         try:
             while not self._stop.is_set():
                 snapshot = self._board.snapshot()
-                yield self.listing(snapshot.unhealthy.keys())
+                sick = frozenset(snapshot.unhealthy) & self._uuids
+                if sick != sent:
+                    # A change on another resource's GPUs leaves this list as it
+                    # was: re-sending it (1 MiB at 16 GPUs x 1000) would be waste.
+                    yield self.listing(sick)
+                    sent = sick
                 changed = asyncio.create_task(
                     self._board.wait_changed(snapshot.version), name="list-and-watch-change"
                 )
@@ -110,7 +118,11 @@ class DevicePluginServicer:
             except DeviceError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                 raise  # unreachable: abort raises
-            self._note_split(placement, stage="preferred allocation")
+            self._note_split(
+                placement.units_by_gpu,
+                split=placement.fraction_split,
+                stage="preferred allocation",
+            )
             response.container_responses.add(deviceIDs=placement.ids)
         return response
 
@@ -127,8 +139,8 @@ class DevicePluginServicer:
         response = pb.AllocateResponse()
         for devices in containers:
             spec = build_container_spec(devices, config=self._config)
-            placement = summarize(devices, units_per_gpu=self._table.units_per_gpu)
-            bad = sorted({d.gpu.uuid for d in devices if d.gpu.uuid in sick})
+            units_by_gpu = {s.gpu.device_id: s.units for s in spec.shares}
+            bad = sorted(s.gpu.uuid for s in spec.shares if s.gpu.uuid in sick)
             if bad:
                 logger.warning(
                     "allocating meta-devices of unhealthy GPU(s) %s: the kubelet chose them "
@@ -136,11 +148,17 @@ class DevicePluginServicer:
                     bad,
                     extra={"resource": self._table.resource},
                 )
-            self._note_split(placement, stage="allocation")
+            self._note_split(
+                units_by_gpu,
+                split=is_fraction_split(
+                    units_by_gpu.values(), units_per_gpu=self._table.units_per_gpu
+                ),
+                stage="allocation",
+            )
             logger.info(
                 "allocated %d unit(s) on %s",
                 len(devices),
-                ", ".join(f"{gpu}×{n}" for gpu, n in placement.units_by_gpu.items()),
+                ", ".join(f"{gpu}×{n}" for gpu, n in units_by_gpu.items()),
                 extra={"resource": self._table.resource},
             )
             response.container_responses.append(
@@ -164,7 +182,10 @@ class DevicePluginServicer:
     # ------------------------------------------------------------ helpers
     def listing(self, unhealthy: Iterable[str]) -> Any:
         """The complete ``ListAndWatchResponse`` for a health state (cached per state:
-        building 16,000 messages costs tens of milliseconds, a dict hit does not)."""
+        building 16,000 messages costs tens of milliseconds, a dict hit does not).
+
+        Every meta-device of a GPU in ``unhealthy`` is Unhealthy: the kubelet must
+        not place a new share on a GPU that another share already found broken."""
         sick = frozenset(unhealthy) & self._uuids
         cached = self._listing_cache.get(sick)
         if cached is None:
@@ -176,10 +197,10 @@ class DevicePluginServicer:
             self._listing_cache[sick] = cached
         return cached
 
-    def _note_split(self, placement: Placement, *, stage: str) -> None:
-        if not placement.fraction_split:
+    def _note_split(self, units_by_gpu: Mapping[DeviceId, int], *, split: bool, stage: str) -> None:
+        if not split:
             return
-        where = ", ".join(f"{gpu}×{n}" for gpu, n in placement.units_by_gpu.items())
+        where = ", ".join(f"{gpu}×{n}" for gpu, n in units_by_gpu.items())
         if self._config.allow_split_fraction:
             logger.info("%s splits a fraction across GPUs: %s", stage, where)
         else:

@@ -32,7 +32,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -168,6 +168,10 @@ class SimulatedGpus:
                 memory_total_mib=gpu.memory_mib,
                 utilization_percent=gpu.utilization_percent,
             )
+
+    def watch_events(self, uuids: Collection[str]) -> None:
+        """Nothing to register: every simulated GPU delivers its events, and the
+        caller ignores those it does not watch (as it must for NVML too)."""
 
     def wait_event(self, timeout_s: float) -> GpuEvent | None:
         deadline = time.monotonic() + max(0.0, timeout_s)

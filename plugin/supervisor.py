@@ -5,9 +5,10 @@ start it waits for the first of
 
 * **SIGTERM/SIGINT**: stop serving, remove the sockets, exit 0;
 * **SIGHUP**: reload the configuration (same file, env and flags). A config
-  that does not load, or whose GPUs file or driver does not open, is logged
-  and ignored: the plugin keeps serving what it served (never a half-applied
-  change). A good one restarts everything with it;
+  that does not load, whose GPUs file or driver does not open (whatever
+  ``fail_on_init_error`` says), or whose GPU selection fails on the GPUs found
+  now, is logged and ignored: the plugin keeps serving what it served (never a
+  half-applied change). A good one restarts everything with it;
 * **the kubelet restarted**: it re-created ``kubelet.sock`` or deleted our
   socket (it wipes the directory when it starts). Seen through inotify on the
   directory, plus a timer that checks our socket is still the one we bound.
@@ -15,7 +16,9 @@ start it waits for the first of
 * **the retry timer**: a start that failed (the kubelet refused us, the
   socket could not be bound, discovery failed) is retried after
   ``retry_interval_s`` instead of crash-looping; the kubelet re-creating its
-  socket also triggers the retry at once.
+  socket also triggers the retry at once. A GPU selection that cannot work
+  on this node's GPUs (one GPU selected twice) is a config error: logged, and
+  not retried until SIGHUP or the next kubelet restart.
 
 Two layers restart at different rates. The *node* layer (GPU backend, health
 monitor) is rebuilt only on SIGHUP, so a kubelet restart does not lose health
@@ -45,7 +48,14 @@ from plugin.api.config import PluginConfig
 from plugin.api.resources import ResourceName
 from plugin.api.settings import ConfigError
 from plugin.backend import GpuBackend, GpuBackendError, NullBackend
-from plugin.devices import DeviceError, DeviceTable, select_gpus
+from plugin.backends import open_backend
+from plugin.devices import (
+    DeviceError,
+    DeviceTable,
+    GpuSelectionError,
+    ResourceSelection,
+    select_gpus,
+)
 from plugin.health import HealthPolicy
 from plugin.health_monitor import HealthBoard, HealthMonitor
 from plugin.inotify import DirectoryWatcher, DirEvent
@@ -58,27 +68,20 @@ EXIT_OK: Final = 0
 EXIT_FATAL: Final = 1
 
 Signal = Literal["terminate", "reload"]
-State = Literal["starting", "serving", "waiting-for-kubelet", "retrying", "idle", "stopped"]
+State = Literal[
+    "starting", "serving", "waiting-for-kubelet", "retrying", "idle", "misconfigured", "stopped"
+]
+"""``misconfigured``: the GPU selection cannot work on this node's GPUs (e.g. one
+GPU selected twice); it waits for SIGHUP instead of retrying."""
 
 
 class FatalInitError(Exception):
     """The GPU driver failed and ``fail_on_init_error`` says to crash rather than degrade."""
 
 
-def open_backend(config: PluginConfig) -> GpuBackend:
-    """The backend a config asks for: simulated GPUs from ``gpus_file``, else NVML.
-
-    Raises :class:`ConfigError` for a bad GPUs file and
-    :class:`GpuBackendError` when NVML cannot start. Blocking."""
-    # Imported here so a simulated node never loads pynvml, and NVML nodes
-    # never parse a GPUs file.
-    if config.gpus_file is not None:
-        from plugin.simulated import SimulatedGpus  # noqa: PLC0415
-
-        return SimulatedGpus.from_file(config.gpus_file)
-    from plugin.nvml import open_nvml  # noqa: PLC0415
-
-    return open_nvml()
+def open_configured_backend(config: PluginConfig) -> GpuBackend:
+    """The backend ``config`` asks for (:func:`plugin.backends.open_backend`). Blocking."""
+    return open_backend(gpus_file=config.gpus_file)
 
 
 @dataclass
@@ -102,7 +105,7 @@ class Supervisor:
         load: Callable[[], PluginConfig],
         *,
         config: PluginConfig | None = None,
-        backend_factory: Callable[[PluginConfig], GpuBackend] = open_backend,
+        backend_factory: Callable[[PluginConfig], GpuBackend] = open_configured_backend,
         retry_interval_s: float = 30.0,
         socket_check_interval_s: float = 1.0,
         settle_s: float = 0.05,
@@ -121,7 +124,9 @@ class Supervisor:
         self.state: State = "starting"
         self.starts = 0
         """Serving (re)starts so far; tests wait on it."""
-        self._events: asyncio.Queue[Signal | DirEvent] | None = None
+        self._events: asyncio.Queue[Signal | DirEvent] = asyncio.Queue()
+        """Created here, not in :meth:`run`, so a stop requested before ``run``
+        starts is not lost (asyncio queues bind to a loop on first use)."""
         self._node: _Node | None = None
         self._serving = _Serving()
         self._retiring: set[asyncio.Task[None]] = set()
@@ -148,8 +153,7 @@ class Supervisor:
         self._post("reload")
 
     def _post(self, item: Signal | DirEvent) -> None:
-        if self._events is not None:
-            self._events.put_nowait(item)
+        self._events.put_nowait(item)
 
     # ------------------------------------------------------------ main loop
     async def run(self, *, handle_signals: bool = True) -> int:
@@ -157,7 +161,6 @@ class Supervisor:
 
         A config that fails to load the first time raises :class:`ConfigError`
         (the CLI exits 2); later reloads never raise."""
-        self._events = asyncio.Queue()
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
         if handle_signals:
@@ -170,11 +173,7 @@ class Supervisor:
                 installed.append(signum)
         try:
             config = self._initial or self._load()
-            try:
-                backend = await self._open_backend(config)
-            except FatalInitError as exc:
-                logger.error("%s", exc)
-                return EXIT_FATAL
+            backend = await self._open_first_backend(config)
             self.board = HealthBoard(_policy(config))
             self._node = await self._start_node(config, backend)
             while True:
@@ -238,7 +237,6 @@ class Supervisor:
 
     async def _next_reason(self, retry_at: float | None, *, watching: bool) -> str:
         """Wait for the next thing that needs a restart, reload or stop."""
-        assert self._events is not None
         assert self._node is not None
         kubelet_socket = self._node.config.device_plugins_dir / KUBELET_SOCKET_NAME
         if not watching and retry_at is None:
@@ -284,7 +282,6 @@ class Supervisor:
         """A restarting kubelet deletes sockets and re-creates its own within
         microseconds: let the burst pass, so one restart handles all of it.
         A signal arriving meanwhile wins."""
-        assert self._events is not None
         deadline = time.monotonic() + self.settle_s
         while (remaining := deadline - time.monotonic()) > 0:
             try:
@@ -296,17 +293,32 @@ class Supervisor:
         return reason
 
     async def _try_reload(self) -> tuple[PluginConfig, GpuBackend] | None:
+        """The new config with its opened backend, or None (logged) to keep the old.
+
+        Accepted only if it could serve: it loads, its backend opens (a driver
+        that fails is rejected whatever ``fail_on_init_error`` says; that setting
+        decides only what the *first* start does, and degrading to no GPUs is
+        never better than the working config), and its GPU selection and device
+        tables build on the GPUs the new backend discovers now."""
         logger.info("SIGHUP: reloading configuration")
         try:
             config = self._load()
-            backend = await self._open_backend(config)
-        except (ConfigError, FatalInitError) as exc:
+            backend = await asyncio.to_thread(self._backend_factory, config)
+        except (ConfigError, GpuBackendError) as exc:
             logger.error("new configuration rejected; still serving the old one: %s", exc)
+            return None
+        try:
+            await asyncio.to_thread(_dry_run, config, backend)
+        except (GpuBackendError, DeviceError) as exc:
+            logger.error("new configuration rejected; still serving the old one: %s", exc)
+            await asyncio.to_thread(_close_quietly, backend)
             return None
         return config, backend
 
     # ----------------------------------------------------------- node layer
-    async def _open_backend(self, config: PluginConfig) -> GpuBackend:
+    async def _open_first_backend(self, config: PluginConfig) -> GpuBackend:
+        """The backend of the first start, where ``fail_on_init_error`` decides
+        between crashing (:class:`FatalInitError`) and serving no GPUs."""
         try:
             return await asyncio.to_thread(self._backend_factory, config)
         except GpuBackendError as exc:
@@ -335,7 +347,13 @@ class Supervisor:
             )
             await monitor.__aenter__()
         elif not config.health.enabled:
-            logger.warning("health checking is disabled: every GPU is advertised Healthy")
+            # Nothing will probe or heal GPUs that events made sick (e.g. before a
+            # SIGHUP turned checks off): they would stay Unhealthy for good.
+            self.board.clear_event_failures()
+            logger.warning(
+                "health checking is disabled: every GPU is advertised Healthy, "
+                "except GPUs whose discovery failed"
+            )
         logger.info("GPU backend: %s", getattr(backend, "kind", type(backend).__name__))
         return _Node(config=config, backend=backend, monitor=monitor)
 
@@ -367,6 +385,15 @@ class Supervisor:
         )
         try:
             tables = await self._discover(config)
+        except GpuSelectionError as exc:
+            # A config problem: retrying cannot fix it, a corrected config can.
+            logger.error(
+                "the configured GPU selection cannot be served on this node; fix "
+                "resources[].gpus and send SIGHUP (not retrying): %s",
+                exc,
+            )
+            self.state = "misconfigured"
+            return None
         except (GpuBackendError, DeviceError) as exc:
             logger.error("GPU discovery failed; retrying in %ss: %s", self.retry_interval_s, exc)
             self.state = "retrying"
@@ -409,12 +436,7 @@ class Supervisor:
             if not chosen.gpus:
                 logger.info("resource %s has no GPUs on this node; not advertised", chosen.name)
                 continue
-            table = DeviceTable(
-                ResourceName(chosen.config.name),
-                chosen.gpus,
-                units_per_gpu=config.units_per_gpu,
-                id_strategy=config.device_id_strategy,
-            )
+            table = _table(config, chosen)
             logger.info(
                 "advertising %d meta-devices on %d GPU(s): %s",
                 len(table),
@@ -424,7 +446,11 @@ class Supervisor:
             )
             tables.append(table)
         if self._node.monitor is not None:
-            self._node.monitor.watch(uuid for t in tables for uuid in t.uuids)
+            # GPUs whose discovery failed are sick until the next discovery
+            # anyway, and may not even have a real UUID to register.
+            self._node.monitor.watch(
+                g.uuid for t in tables for g in t.gpus if g.info.unhealthy_reason is None
+            )
         return tables
 
     async def _serve_table(
@@ -507,6 +533,31 @@ def _dir_identity(directory: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
+
+
+def _table(config: PluginConfig, chosen: ResourceSelection) -> DeviceTable:
+    return DeviceTable(
+        ResourceName(chosen.config.name),
+        chosen.gpus,
+        units_per_gpu=config.units_per_gpu,
+        id_strategy=config.device_id_strategy,
+    )
+
+
+def _dry_run(config: PluginConfig, backend: GpuBackend) -> None:
+    """Discover and build every table as serving would, keeping nothing; raises
+    what serving would fail with. Blocking (driver calls, tens of ms of tables)."""
+    selection = select_gpus(backend.devices(), config.resources)
+    for chosen in selection.resources:
+        if chosen.gpus:
+            _table(config, chosen)
+
+
+def _close_quietly(backend: GpuBackend) -> None:
+    try:
+        backend.close()
+    except GpuBackendError as exc:
+        logger.warning("closing the rejected GPU backend failed: %s", exc)
 
 
 def _policy(config: PluginConfig) -> HealthPolicy:

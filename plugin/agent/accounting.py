@@ -12,7 +12,10 @@ Output: a frozen :class:`Snapshot` that enforcement, metrics, node labels and
 the mgctl API all read, so they can never disagree about the same cycle.
 
 A container's memory limit on a GPU is ``units / units_per_gpu × GPU memory``
-(floored to whole MiB): 25 units of 100 on an 80 GiB GPU allow 20 GiB.
+(floored to whole MiB): 25 units of 100 on an 80 GiB GPU allow 20 GiB. It is
+:func:`plugin.devices.memory_limit_mib`, the same function that sets the
+container's ``METAGPU_MEMORY_LIMIT_MB``, so the limit a container is told and
+the one it is held to never differ.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from plugin.agent.cgroups import ContainerId
 from plugin.agent.containers import ContainerDirectory, ContainerKey, ContainerRef
 from plugin.api.resources import ReplicaIdError, parse_replica_id
 from plugin.backend import GpuInfo, GpuProcess, GpuUsage
+from plugin.devices import memory_limit_mib as memory_limit_mib  # noqa: PLC0414 - re-exported
 
 MIB: Final = 1024 * 1024
 
@@ -164,11 +168,6 @@ class Snapshot:
 
 
 EMPTY_SNAPSHOT: Final = Snapshot(taken_at=0.0, units_per_gpu=1, gpus=(), shares=(), processes=())
-
-
-def memory_limit_mib(units: int, *, units_per_gpu: int, memory_total_mib: int) -> int:
-    """What ``units`` of a GPU with ``memory_total_mib`` allow, floored to whole MiB."""
-    return units * memory_total_mib // units_per_gpu
 
 
 def build_snapshot(

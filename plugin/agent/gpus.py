@@ -1,8 +1,9 @@
 """Adapter: the agent's GPU facts through the :class:`~plugin.backend.GpuBackend` port.
 
-:func:`open_backend` picks simulated GPUs (``gpus_file`` set) or NVML, importing
-:mod:`plugin.nvml` only in that branch so a node without the driver library, or
-a test, never loads ``pynvml``. The agent never crashes for lack of a driver:
+:func:`open_backend` picks simulated GPUs (``gpus_file`` set) or NVML through
+:func:`plugin.backends.open_backend`, the device plugin's own choice, so a node
+without the driver library, or a test, never loads ``pynvml``. The agent never
+crashes for lack of a driver:
 with no usable NVML it serves an empty node (:class:`~plugin.backend.NullBackend`)
 and says so, because the device plugin next to it is the component that decides
 whether a GPU-less node is an error (``fail_on_init_error``).
@@ -17,6 +18,7 @@ import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from plugin import backends
 from plugin.agent.accounting import GpuReading
 from plugin.agent.cgroups import (
     CgroupFormatError,
@@ -26,7 +28,6 @@ from plugin.agent.cgroups import (
     read_process_cgroup,
 )
 from plugin.backend import GpuBackend, GpuBackendError, GpuProcess, GpuUsage, NullBackend
-from plugin.simulated import SimulatedGpus
 
 logger = logging.getLogger(__name__)
 
@@ -37,15 +38,8 @@ def open_backend(*, gpus_file: Path | None) -> GpuBackend:
     A bad ``gpus_file`` raises :class:`~plugin.api.settings.ConfigError`: that is
     the operator's typo, not a missing driver.
     """
-    if gpus_file is not None:
-        return SimulatedGpus.from_file(gpus_file)
     try:
-        from plugin.nvml import open_nvml  # noqa: PLC0415 - loads pynvml: only without gpus_file
-    except ImportError as exc:  # nvidia-ml-py missing from the image
-        logger.error("cannot load NVML bindings (%s); serving a node without GPUs", exc)
-        return NullBackend()
-    try:
-        return open_nvml()
+        return backends.open_backend(gpus_file=gpus_file)
     except GpuBackendError as exc:
         logger.warning("no usable GPU driver, serving a node without GPUs: %s", exc)
         return NullBackend()

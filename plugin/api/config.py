@@ -61,6 +61,20 @@ DeviceIdStrategy = Literal["uuid", "index"]
 DeviceListStrategy = Literal["envvar", "volume-mounts"]
 
 
+def selector_key(selector: int | str) -> int | str:
+    """What a ``resources[].gpus`` entry names: an index (an int, or a string of
+    digits because env vars are strings) or a UUID (compared case-insensitively).
+
+    ``0`` and ``"0"`` are the same GPU, and so are ``GPU-AB`` and ``gpu-ab``;
+    the config's duplicate checks and :func:`plugin.devices.select_gpus` both
+    compare selectors through this."""
+    if isinstance(selector, int):
+        return selector
+    if selector.isascii() and selector.isdigit():
+        return int(selector)
+    return selector.strip().lower()
+
+
 class ResourceConfig(StrictModel):
     """One advertised resource and the GPUs behind it."""
 
@@ -85,15 +99,16 @@ class ResourceConfig(StrictModel):
             return value
         if not value:
             raise ValueError("gpus must be 'all' or a non-empty list of indices and/or UUIDs")
-        seen: set[int | str] = set()
+        seen: dict[int | str, int | str] = {}
         for item in value:
             if isinstance(item, int) and item < 0:
                 raise ValueError(f"GPU index must be >= 0: {item}")
             if isinstance(item, str) and not item.strip():
                 raise ValueError(f"GPU UUID must not be empty: {item!r}")
-            if item in seen:
-                raise ValueError(f"GPU listed twice: {item!r}")
-            seen.add(item)
+            key = selector_key(item)  # 0 and "0", GPU-AB and gpu-ab are one GPU
+            if key in seen:
+                raise ValueError(f"GPU listed twice: as {seen[key]!r} and as {item!r}")
+            seen[key] = item
         return value
 
     @property
@@ -107,8 +122,9 @@ class HealthConfig(StrictModel):
     """GPU health checking: which errors take a GPU out of service and for how long."""
 
     enabled: bool = True
-    """Watch NVML for XID and double-bit ECC errors. Off: every GPU is always
-    advertised Healthy (for drivers whose event API misbehaves)."""
+    """Watch NVML for XID and double-bit ECC errors. Off (for drivers whose event
+    API misbehaves): every GPU is advertised Healthy, except GPUs whose discovery
+    failed; turning it off by SIGHUP heals GPUs that errors had made unhealthy."""
 
     ignored_xids: list[int] = Field(default_factory=lambda: list(DEFAULT_IGNORED_XIDS))
     """XIDs that never mark a GPU unhealthy; replaces the default list (13, 31,
@@ -235,15 +251,15 @@ class PluginConfig(StrictModel):
                     f"resource {alls[0]} takes gpus: all, so no other resource can have a "
                     "GPU (a GPU may back at most one resource); list indices or UUIDs instead"
                 )
-            owner: dict[int | str, str] = {}
+            owner: dict[int | str, tuple[str, int | str]] = {}
             for r in self.resources:
                 if r.gpus == "all":  # excluded above; narrows the type
                     continue
                 for item in r.gpus:
-                    first = owner.setdefault(item, r.name)
+                    first, as_item = owner.setdefault(selector_key(item), (r.name, item))
                     if first != r.name:
                         raise ValueError(
-                            f"GPU {item!r} is listed under both {first} and {r.name}; "
-                            "a GPU may back at most one resource"
+                            f"GPU {item!r} is listed under both {first} (as {as_item!r}) "
+                            f"and {r.name}; a GPU may back at most one resource"
                         )
         return self

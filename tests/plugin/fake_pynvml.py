@@ -11,13 +11,16 @@ Behaviour follows nvidia-ml-py where ``plugin.nvml`` can tell the difference:
 * memory is in bytes; ``usedGpuMemory`` may be None;
 * ``nvmlEventSetWait_v2`` blocks up to its timeout for the next scripted item
   (event data, or an error to raise) and raises ``NVML_ERROR_TIMEOUT`` when
-  none comes, like the driver; scripted items are delivered in order.
+  none comes, like the driver; scripted items are delivered in order. As with
+  the driver, an event reaches only an event set its GPU was registered in
+  (``nvmlDeviceRegisterEvents``); other events are dropped.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -102,9 +105,14 @@ class FakePynvml:
         self.gpus = gpus
         self.init_error = init_error
         self.count_error: int | None = None
+        self.event_set_error: int | None = None
+        """``nvmlEventSetCreate`` raises this code while set."""
         self.calls: list[str] = []
         self.initialised = 0
         self.registered: dict[str, int] = {}
+        """UUID → event mask, for GPUs registered in an event set."""
+        self.registered_in: dict[str, object] = {}
+        """UUID → the event set it was registered in."""
         self.event_sets_freed = 0
         self.wait_timeouts_ms: list[int] = []
         self._script: queue.Queue[Any] = queue.Queue()
@@ -225,6 +233,8 @@ class FakePynvml:
 
     def nvmlEventSetCreate(self) -> object:
         self._check("nvmlEventSetCreate")
+        if self.event_set_error is not None:
+            raise NVMLError(self.event_set_error)
         return object()
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Handle) -> int:
@@ -236,18 +246,23 @@ class FakePynvml:
         if handle.gpu.register_error is not None:
             raise NVMLError(handle.gpu.register_error)
         self.registered[handle.gpu.uuid] = mask
+        self.registered_in[handle.gpu.uuid] = event_set
 
     def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> SimpleNamespace:
         self._check("nvmlEventSetWait_v2")
         self.wait_timeouts_ms.append(timeout_ms)
-        try:
-            item = self._script.get(timeout=timeout_ms / 1000)
-        except queue.Empty:
-            raise NVMLError(NVML_ERROR_TIMEOUT) from None
-        if isinstance(item, NVMLError):
-            raise item
-        data: SimpleNamespace = item
-        return data
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            try:
+                item = self._script.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise NVMLError(NVML_ERROR_TIMEOUT) from None
+            if isinstance(item, NVMLError):
+                raise item
+            data: SimpleNamespace = item
+            if self.registered_in.get(data.device.gpu.uuid) is event_set:
+                return data
+            # Not registered in this set: the driver would never deliver it here.
 
     def nvmlEventSetFree(self, event_set: object) -> None:
         self._check("nvmlEventSetFree")

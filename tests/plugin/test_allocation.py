@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from plugin.allocation import AllocationError, preferred_allocation, summarize
+from plugin.allocation import AllocationError, is_fraction_split, preferred_allocation
 from plugin.api.config import AllocationPolicy
 from plugin.api.resources import parse_replica_id
 from plugin.devices import DeviceTable, UnknownDeviceError
@@ -186,9 +186,5 @@ def test_unknown_ids_are_named(where: str) -> None:
         pytest.param({0: 100, 1: 100}, False, id="two-wholes"),
     ],
 )
-def test_summarize_detects_a_split_fraction(counts: dict[int, int], split: bool) -> None:
-    t, _ = node([100, 100])
-    devices = [d for d in t.devices if d.unit < counts.get(d.gpu.position, 0)]
-    placement = summarize(devices, units_per_gpu=100)
-    assert placement.fraction_split is split
-    assert list(placement.units_by_gpu.values()) == [counts[k] for k in sorted(counts)]
+def test_is_fraction_split(counts: dict[int, int], split: bool) -> None:
+    assert is_fraction_split(counts.values(), units_per_gpu=100) is split

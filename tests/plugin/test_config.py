@@ -120,6 +120,21 @@ resources:
         pytest.param("resources: []\n", ["at least one resource"], id="no-resources"),
         pytest.param("resources: [{gpus: []}]\n", ["non-empty list"], id="empty-gpus"),
         pytest.param("resources: [{gpus: [0, 0]}]\n", ["listed twice", "0"], id="gpu-twice"),
+        pytest.param(
+            "resources: [{gpus: [0, '0']}]\n",
+            ["listed twice", "as 0 and as '0'"],
+            id="gpu-twice-as-int-and-digits",
+        ),
+        pytest.param(
+            "resources: [{gpus: [GPU-AB12, gpu-ab12]}]\n",
+            ["listed twice", "'GPU-AB12'", "'gpu-ab12'"],
+            id="uuid-twice-in-any-case",
+        ),
+        pytest.param(
+            "resources: [{name: cnvrg.io/a, gpus: [1]}, {name: cnvrg.io/b, gpus: ['1']}]\n",
+            ["'1'", "cnvrg.io/a", "cnvrg.io/b", "at most one resource"],
+            id="gpu-in-two-as-int-and-digits",
+        ),
         pytest.param("resources: [{gpus: [-1]}]\n", ["index must be >= 0", "-1"], id="negative"),
         pytest.param("health: {ignored_xids: [0]}\n", ["positive", "[0]"], id="xid-zero"),
         pytest.param("health: {recovery_s: 0}\n", ["recovery_s", "greater than 0"], id="recovery"),

@@ -7,11 +7,9 @@ import pytest
 from plugin.api.config import ResourceConfig
 from plugin.api.resources import RESOURCE_NAME_MAX_LEN, parse_replica_id
 from plugin.devices import (
-    HEALTHY,
-    UNHEALTHY,
     GpuSelectionError,
     UnknownDeviceError,
-    listing,
+    memory_limit_mib,
     select_gpus,
 )
 from tests.plugin.builders import gpu, gpus, table, uuid_for
@@ -66,6 +64,24 @@ def test_one_gpu_named_by_index_and_uuid_in_two_resources_is_refused() -> None:
     assert "cnvrg.io/b" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "selectors",
+    [
+        pytest.param([0, uuid_for(0)], id="index-and-uuid"),
+        pytest.param([uuid_for(1).upper(), 1], id="uuid-any-case-and-index"),
+    ],
+)
+def test_one_gpu_selected_twice_by_one_resource_is_refused(selectors: list[object]) -> None:
+    """Only discovery can tell that an index and a UUID name the same GPU; without
+    this check the table failed later with "two GPUs share a device ID", which
+    the supervisor took for a discovery failure and retried forever."""
+    with pytest.raises(GpuSelectionError) as err:
+        select_gpus(gpus(2), resources(("cnvrg.io/metagpu", selectors)))
+    message = str(err.value)
+    for fragment in ("cnvrg.io/metagpu", "twice", repr(selectors[0]), repr(selectors[1])):
+        assert fragment in message
+
+
 def test_two_resources_split_a_node() -> None:
     selection = select_gpus(gpus(4), resources(("cnvrg.io/a", [0, 1]), ("cnvrg.io/b", [2, 3])))
     assert [[g.index for g in r.gpus] for r in selection.resources] == [[0, 1], [2, 3]]
@@ -92,10 +108,11 @@ def test_ids_are_stable_across_rebuilds() -> None:
 
 def test_lookup_names_the_unknown_id() -> None:
     t = table(gpus(2))
-    assert t.lookup(f"{uuid_for(1)}::5").gpu.info.index == 1
+    (found,) = t.lookup_all([f"{uuid_for(1)}::5"])
+    assert found.gpu.info.index == 1
     for bad in (f"{uuid_for(1)}::100", "GPU-x::0", "garbage", ""):
         with pytest.raises(UnknownDeviceError) as err:
-            t.lookup(bad)
+            t.lookup_all([bad])
         assert f"unknown device: {bad}" in str(err.value)
 
 
@@ -107,17 +124,15 @@ def test_lookup_all_drops_duplicates_and_fails_whole() -> None:
         t.lookup_all([a, "nope", b])
 
 
-def test_listing_marks_every_meta_device_of_a_sick_gpu() -> None:
-    infos = [gpu(0, numa_node=0), gpu(1, numa_node=1), gpu(2, numa_node=None)]
-    t = table(infos, units_per_gpu=10)
-    rows = listing(t, {uuid_for(1), "GPU-not-ours"})
-    assert len(rows) == 30
-    health: dict[str, set[tuple[str, int | None]]] = {}
-    for device_id, state, numa in rows:
-        gpu_id, _ = parse_replica_id(device_id)
-        health.setdefault(gpu_id, set()).add((state, numa))
-    assert health == {
-        uuid_for(0): {(HEALTHY, 0)},
-        uuid_for(1): {(UNHEALTHY, 1)},
-        uuid_for(2): {(HEALTHY, None)},
-    }
+@pytest.mark.parametrize(
+    ("units", "units_per_gpu", "memory_mib", "expected"),
+    [
+        pytest.param(50, 100, 81920, 40960, id="half"),
+        pytest.param(100, 100, 81920, 81920, id="whole"),
+        pytest.param(1, 3, 1000, 333, id="floored-to-whole-mib"),
+        pytest.param(0, 100, 81920, 0, id="none"),
+    ],
+)
+def test_memory_limit_mib(units: int, units_per_gpu: int, memory_mib: int, expected: int) -> None:
+    limit = memory_limit_mib(units, units_per_gpu=units_per_gpu, memory_total_mib=memory_mib)
+    assert limit == expected

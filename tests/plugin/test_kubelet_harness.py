@@ -16,13 +16,15 @@ import grpc
 import pytest
 
 import plugin.nvml
-from plugin.api.config import PluginConfig
+from plugin.api.config import PluginConfig, ResourceConfig
 from plugin.api.resources import ENV_MEMORY_LIMIT_MB, ENV_NVIDIA_VISIBLE_DEVICES, ENV_UNITS
 from plugin.api.settings import ConfigError
 from plugin.backend import GpuBackend, GpuBackendError, GpuEvent
 from plugin.kubelet_sim import KubeletSim, KubeletSimError, PluginClient
 from plugin.nvml import NvmlBackend
 from plugin.server import PluginServer
+from plugin.simulated import SimulatedGpus
+from plugin.supervisor import Supervisor
 from tests.plugin.builders import gpus, gpus_file_spec, uuid_for, write_yaml
 from tests.plugin.conftest import FAST, kubelet_and_plugin, running_plugin, wait_until
 from tests.plugin.fake_pynvml import FakeGpu, FakePynvml
@@ -338,6 +340,8 @@ async def test_nvml_backend_over_the_fake_driver(
     ) as (kubelet, plugin_under_test):
         conn = await kubelet.wait_registered(RESOURCE)
         assert set(health_by_gpu(conn.devices)) == {a, b}
+        # The driver delivers events only for registered GPUs, as NVML does.
+        await wait_until(lambda: set(driver.registered) == {a, b}, what="event registration")
         driver.xid(b, 31)  # ignored: application page fault
         driver.xid(a, 79)
         devices = await kubelet.wait_devices(RESOURCE, gpu_is(a, "Unhealthy"))
@@ -401,3 +405,159 @@ async def test_missing_then_replaced_plugins_directory(short_tmp_path: Path) -> 
         directory.mkdir()
         async with KubeletSim(directory) as kubelet:
             await kubelet.wait_registered(RESOURCE, timeout_s=5)
+
+
+async def test_a_gpu_healed_by_rediscovery_is_watched_for_events(
+    short_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Event registration follows what is advertised: a GPU that failed discovery
+    at start and is described fine after a kubelet restart gets its XIDs seen."""
+    a, b = "GPU-aaaaaaaa-0000-4000-8000-000000000000", "GPU-bbbbbbbb-0000-4000-8000-000000000000"
+    sick = FakeGpu(b, minor=1, bus_id="00000000:86:00.0", fail={"nvmlDeviceGetName": 999})
+    driver = FakePynvml([FakeGpu(a), sick])
+    monkeypatch.setattr(plugin.nvml, "pynvml", driver)
+    async with kubelet_and_plugin(
+        short_tmp_path, backend_factory=lambda c: NvmlBackend(), config={"gpus_file": None}
+    ) as (kubelet, _):
+        await kubelet.wait_devices(RESOURCE, gpu_is(b, "Unhealthy"))
+        await wait_until(lambda: a in driver.registered, what="GPU a registered")
+        assert b not in driver.registered  # it could not even be described
+        sick.fail.clear()
+        await kubelet.restart()
+        await kubelet.wait_registered(RESOURCE, count=2)
+        await kubelet.wait_devices(RESOURCE, gpu_is(b, "Healthy"))
+        await wait_until(lambda: b in driver.registered, what="the healed GPU registered")
+        driver.xid(b, 79)
+        await kubelet.wait_devices(RESOURCE, gpu_is(b, "Unhealthy"))
+
+
+async def _reload_is_rejected(
+    plugin_under_test: Any, kubelet: KubeletSim, caplog: pytest.LogCaptureFixture, reason: str
+) -> None:
+    """SIGHUP, then: rejected with ``reason``, the old config still served."""
+    with caplog.at_level(logging.ERROR):
+        plugin_under_test.supervisor.request_reload()
+        await wait_until(lambda: "new configuration rejected" in caplog.text, what="rejection")
+    assert reason in caplog.text
+    assert plugin_under_test.supervisor.state == "serving"
+    assert (plugin_under_test.directory / SOCKET).is_socket()
+    assert len(kubelet.registrations) == 1
+    assert len(kubelet.plugins[RESOURCE].devices) == 400
+    assert not kubelet.plugins[RESOURCE].stream_ended
+
+
+async def test_reload_whose_driver_fails_is_rejected_even_when_degrading_is_allowed(
+    short_tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``fail_on_init_error: false`` is for the first start; a reload must not
+    swap working GPUs for an empty node."""
+    opened: list[GpuBackend] = []
+
+    def first_works(config: PluginConfig) -> GpuBackend:
+        if opened:
+            raise GpuBackendError("cannot initialise NVML (Driver Not Loaded)")
+        assert config.gpus_file is not None
+        opened.append(SimulatedGpus.from_file(config.gpus_file))
+        return opened[0]
+
+    async with kubelet_and_plugin(
+        short_tmp_path, backend_factory=first_works, config={"fail_on_init_error": False}
+    ) as (kubelet, plugin_under_test):
+        await kubelet.wait_registered(RESOURCE)
+        await _reload_is_rejected(plugin_under_test, kubelet, caplog, "Driver Not Loaded")
+        assert plugin_under_test.supervisor.backend is opened[0]
+
+
+class TrackedGpus(SimulatedGpus):
+    closes = 0
+
+    def close(self) -> None:
+        self.closes += 1
+        super().close()
+
+
+async def test_reload_whose_gpu_selection_fails_is_rejected(
+    short_tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = short_tmp_path / "dp"
+    directory.mkdir()
+    configs: list[PluginConfig] = []
+
+    def tracked(config: PluginConfig) -> GpuBackend:
+        assert config.gpus_file is not None
+        return TrackedGpus.from_file(config.gpus_file)
+
+    async with (
+        KubeletSim(directory) as kubelet,
+        running_plugin(
+            directory, load=lambda: configs.pop(0), backend_factory=tracked
+        ) as plugin_under_test,
+    ):
+        await kubelet.wait_registered(RESOURCE)
+        base = plugin_under_test.supervisor.config
+        assert base is not None
+        twice = base.model_copy(
+            update={"resources": [ResourceConfig(name=RESOURCE, gpus=[0, uuid_for(0)])]}
+        )
+        configs.append(twice)
+        await _reload_is_rejected(plugin_under_test, kubelet, caplog, "twice")
+        rejected = plugin_under_test.backends[-1]
+        assert isinstance(rejected, TrackedGpus)
+        assert rejected.closes == 1  # the rejected config's backend is released
+        assert plugin_under_test.supervisor.backend is plugin_under_test.backends[0]
+
+
+async def test_a_gpu_selected_twice_is_a_config_error_not_retried(
+    short_tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = {"resources": [{"name": RESOURCE, "gpus": [1, uuid_for(1)]}]}
+    with caplog.at_level(logging.ERROR):
+        async with kubelet_and_plugin(short_tmp_path, config=config, retry_interval_s=0.05) as (
+            kubelet,
+            plugin_under_test,
+        ):
+            await wait_until(lambda: plugin_under_test.supervisor.state == "misconfigured")
+            assert "selects GPU 1" in caplog.text
+            assert "not retrying" in caplog.text
+            assert "GPU discovery failed" not in caplog.text  # it is not one
+            assert kubelet.registrations == []
+
+
+async def test_turning_health_checks_off_heals_gpus_errors_made_sick(
+    short_tmp_path: Path,
+) -> None:
+    """With checks off nothing probes or recovers: GPUs sick from events would
+    stay Unhealthy forever. Discovery failures stay (the GPU is not usable)."""
+    spec = gpus_file_spec(gpus(4, numa_nodes=2))
+    spec["gpus"][3]["fail"] = "discovery"
+    directory = short_tmp_path / "dp"
+    directory.mkdir()
+    configs: list[PluginConfig] = []
+    async with (
+        KubeletSim(directory) as kubelet,
+        running_plugin(directory, spec=spec, load=lambda: configs.pop(0)) as plugin_under_test,
+    ):
+        await kubelet.wait_registered(RESOURCE)
+        plugin_under_test.gpus.emit(GpuEvent(uuid_for(2), "xid", xid=79))
+        await kubelet.wait_devices(RESOURCE, gpu_is(uuid_for(2), "Unhealthy"))
+        base = plugin_under_test.supervisor.config
+        assert base is not None
+        configs.append(
+            base.model_copy(update={"health": base.health.model_copy(update={"enabled": False})})
+        )
+        plugin_under_test.supervisor.request_reload()
+        await kubelet.wait_registered(RESOURCE, count=2)
+        devices = await kubelet.wait_devices(RESOURCE, gpu_is(uuid_for(2), "Healthy"))
+        assert health_by_gpu(devices)[uuid_for(3)] == {"Unhealthy"}
+
+
+async def test_a_stop_requested_before_run_is_not_lost(short_tmp_path: Path) -> None:
+    directory = short_tmp_path / "dp"
+    directory.mkdir()
+    gpus_file = write_yaml(short_tmp_path / "gpus.yaml", gpus_file_spec(gpus(1)))
+    config = PluginConfig.model_validate(
+        {**FAST, "device_plugins_dir": str(directory), "gpus_file": str(gpus_file)}
+    )
+    supervisor = Supervisor(lambda: config, config=config)
+    supervisor.request_stop()
+    assert await asyncio.wait_for(supervisor.run(handle_signals=False), 15) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,6 +181,7 @@ def test_unknown_gpu_is_a_backend_error(backend: NvmlBackend) -> None:
 
 
 def test_events_are_registered_and_translated(nvml: FakePynvml, backend: NvmlBackend) -> None:
+    backend.watch_events([A, B])
     assert backend.wait_event(0.01) is None  # registers, then times out
     assert nvml.wait_timeouts_ms == [10]
     critical = fake.nvmlEventTypeXidCriticalError | fake.nvmlEventTypeDoubleBitEccError
@@ -190,37 +192,122 @@ def test_events_are_registered_and_translated(nvml: FakePynvml, backend: NvmlBac
     assert backend.wait_event(1) == GpuEvent(uuid=A, kind="ecc_double_bit", xid=48)
 
 
+def test_only_watched_gpus_are_registered_without_a_second_discovery(
+    nvml: FakePynvml, backend: NvmlBackend
+) -> None:
+    backend.watch_events([B])
+    assert backend.wait_event(0.01) is None
+    assert set(nvml.registered) == {B}
+    assert "nvmlDeviceGetCount" not in nvml.calls  # the watched UUIDs are enough
+
+
+def test_gpus_watched_later_are_registered_on_the_next_wait(
+    nvml: FakePynvml, backend: NvmlBackend
+) -> None:
+    """A rediscovery (every kubelet restart) can add or heal GPUs: they must get
+    an event watch too, not only the GPUs of the first wait."""
+    backend.watch_events([A])
+    assert backend.wait_event(0.01) is None
+    assert set(nvml.registered) == {A}
+    backend.watch_events([A, B])
+    assert backend.wait_event(0.01) is None
+    assert set(nvml.registered) == {A, B}
+    nvml.xid(B, 79)
+    assert backend.wait_event(1) == GpuEvent(uuid=B, kind="xid", xid=79)
+
+
+def test_a_failing_gpu_count_cannot_leave_the_event_set_empty(
+    nvml: FakePynvml, backend: NvmlBackend
+) -> None:
+    """Registration used to re-run discovery after creating the event set; when
+    that failed, the empty set was kept and no GPU was ever registered."""
+    nvml.count_error = fake.NVML_ERROR_UNKNOWN
+    backend.watch_events([A, B])
+    for _ in range(2):
+        with contextlib.suppress(GpuBackendError):
+            backend.wait_event(0.01)
+        nvml.count_error = None
+    assert set(nvml.registered) == {A, B}
+
+
+def test_a_failed_event_set_creation_is_retried(nvml: FakePynvml, backend: NvmlBackend) -> None:
+    """The failure used to leave an empty event set behind for good: no GPU was
+    ever registered again, so no XID was ever seen."""
+    nvml.event_set_error = fake.NVML_ERROR_UNKNOWN
+    backend.watch_events([A, B])
+    with pytest.raises(GpuBackendError, match="could not create an event set: Unknown Error"):
+        backend.wait_event(0.01)
+    nvml.event_set_error = None
+    for _ in range(2):  # the retry comes after one bounded wait, never at once
+        assert backend.wait_event(0.01) is None
+    assert set(nvml.registered) == {A, B}
+
+
 def test_event_registration_not_supported_keeps_the_gpu_healthy(
     nvml: FakePynvml, backend: NvmlBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
     nvml.gpus[1].register_error = fake.NVML_ERROR_NOT_SUPPORTED
+    backend.watch_events([A, B])
     with caplog.at_level(logging.WARNING):
         assert backend.wait_event(0.01) is None
-    assert "too old to support health checking" in caplog.text
+        assert backend.wait_event(0.01) is None
+    assert caplog.text.count("too old to support health checking") == 1  # not every round
     assert set(nvml.registered) == {A}
 
 
-def test_event_registration_failure_marks_that_gpu(nvml: FakePynvml, backend: NvmlBackend) -> None:
+def test_event_registration_failure_marks_that_gpu_and_is_retried(
+    nvml: FakePynvml, backend: NvmlBackend
+) -> None:
     nvml.gpus[1].register_error = fake.NVML_ERROR_UNKNOWN
+    backend.watch_events([A, B])
     event = backend.wait_event(0.01)
     assert event is not None
     assert (event.uuid, event.kind) == (B, "backend_error")
     assert "cannot register for health events: Unknown Error" in event.detail
+    assert backend.wait_event(0.01) is None  # one real wait before the retry: no spinning
+    assert nvml.wait_timeouts_ms == [10]
+    nvml.gpus[1].register_error = None
+    assert backend.wait_event(0.01) is None
+    assert set(nvml.registered) == {A, B}
 
 
-def test_a_failed_wait_marks_every_watched_gpu(nvml: FakePynvml, backend: NvmlBackend) -> None:
-    backend.wait_event(0.01)
+@pytest.mark.parametrize("watched", [pytest.param([A, B], id="gpus"), pytest.param([], id="none")])
+def test_a_failed_wait_raises_so_the_caller_backs_off(
+    nvml: FakePynvml, backend: NvmlBackend, watched: list[str]
+) -> None:
+    """Returning queued events instead made a broken driver spin a core: the
+    monitor's back-off only runs on an exception."""
+    backend.watch_events([A, B])
+    assert backend.wait_event(0.01) is None
+    backend.watch_events(watched)
     nvml.wait_fails(fake.NVML_ERROR_UNKNOWN)
-    first, second = backend.wait_event(1), backend.wait_event(1)
-    assert first is not None
-    assert second is not None
-    assert {first.uuid, second.uuid} == {A, B}
-    assert {first.kind, second.kind} == {"backend_error"}
-    assert "waiting for NVML events failed" in first.detail
+    with pytest.raises(
+        GpuBackendError, match="waiting for NVML events failed: Unknown Error"
+    ) as err:
+        backend.wait_event(1)
+    assert err.value.uuid is None  # every watched GPU is suspect
+
+
+def test_an_event_from_an_unidentifiable_gpu_raises(nvml: FakePynvml, backend: NvmlBackend) -> None:
+    backend.watch_events([A, B])
+    assert backend.wait_event(0.01) is None
+    nvml.xid(A, 79)
+    nvml.gpus[0].fail["nvmlDeviceGetUUID"] = fake.NVML_ERROR_GPU_IS_LOST
+    with pytest.raises(GpuBackendError, match="cannot identify: GPU is lost"):
+        backend.wait_event(1)
+
+
+def test_with_nothing_watched_the_wait_idles_until_gpus_come(
+    nvml: FakePynvml, backend: NvmlBackend
+) -> None:
+    assert backend.wait_event(0.01) is None
+    assert nvml.wait_timeouts_ms == []  # no event set to wait on
+    assert "nvmlEventSetCreate" not in nvml.calls
 
 
 def test_close_frees_and_shuts_down_once(nvml: FakePynvml, sysfs: Path) -> None:
     backend = NvmlBackend(sysfs_pci_root=sysfs)
+    backend.watch_events([A])
     backend.wait_event(0.01)
     backend.close()
     backend.close()

@@ -42,6 +42,9 @@ def test_real_usage_and_processes(backend: NvmlBackend) -> None:
 
 
 def test_real_event_wait_is_bounded(backend: NvmlBackend) -> None:
-    # No XID is expected on a healthy GPU: the wait must time out, not hang.
-    event = backend.wait_event(0.2)
-    assert event is None or event.uuid
+    # Register the GPUs for events first: without that the wait never reaches NVML.
+    backend.watch_events([info.uuid for info in backend.devices()])
+    # No XID is expected on a healthy GPU: the waits must time out, not hang.
+    for _ in range(2):  # the first registers, the second waits on what it registered
+        event = backend.wait_event(0.2)
+        assert event is None or event.uuid

@@ -17,6 +17,7 @@ from plugin.backend import GpuEvent
 from plugin.health_monitor import HealthBoard
 from plugin.servicer import DevicePluginServicer
 from tests.plugin.builders import gpu, table, uuid_for
+from tests.plugin.conftest import wait_until
 
 
 class AbortedError(Exception):
@@ -191,3 +192,64 @@ async def test_list_and_watch_ignores_other_gpus_health_in_content() -> None:
     first = await anext(stream)
     assert health_of(first) == {uuid_for(0): {"Healthy"}, uuid_for(1): {"Healthy"}}
     await stream.aclose()  # type: ignore[attr-defined]
+
+
+def test_listing_marks_every_meta_device_of_a_sick_gpu() -> None:
+    config = PluginConfig(units_per_gpu=10)
+    infos = [gpu(0, numa_node=0), gpu(1, numa_node=1), gpu(2, numa_node=None)]
+    servicer = DevicePluginServicer(
+        table=table(infos, units_per_gpu=10),
+        config=config,
+        board=HealthBoard(),
+        stop=asyncio.Event(),
+    )
+    response = servicer.listing({uuid_for(1), "GPU-not-ours"})
+    assert len(response.devices) == 30
+    rows: dict[str, set[tuple[str, tuple[int, ...]]]] = {}
+    for device in response.devices:
+        numa = tuple(node.ID for node in device.topology.nodes)
+        rows.setdefault(device.ID.rsplit("::", 1)[0], set()).add((device.health, numa))
+    assert rows == {
+        uuid_for(0): {("Healthy", (0,))},
+        uuid_for(1): {("Unhealthy", (1,))},
+        uuid_for(2): {("Healthy", ())},  # unknown NUMA node: no topology
+    }
+
+
+class CountingBoard(HealthBoard):
+    """Records every version a stream starts waiting on, so a test can tell when
+    a stream has looked at a change without re-sending."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[int] = []
+
+    async def wait_changed(self, version: int) -> int:
+        self.waits.append(version)
+        return await super().wait_changed(version)
+
+
+async def test_list_and_watch_resends_only_when_its_own_gpus_change() -> None:
+    board = CountingBoard()
+    servicer = DevicePluginServicer(
+        table=table([gpu(0), gpu(1)], units_per_gpu=10),
+        config=PluginConfig(units_per_gpu=10),
+        board=board,
+        stop=asyncio.Event(),
+    )
+    stream = servicer.ListAndWatch(pb.Empty(), FakeContext())
+    await anext(stream)
+    following = asyncio.ensure_future(anext(stream))
+    try:
+        board.record(GpuEvent("GPU-of-another-resource", "gpu_lost"))
+        await wait_until(
+            lambda: following.done() or board.waits[-1:] == [board.version],
+            what="the stream to look at the change",
+        )
+        assert not following.done(), "re-sent an identical list for another resource's GPU"
+        board.record(GpuEvent(uuid_for(1), "xid", xid=79))
+        second = await asyncio.wait_for(following, 5)
+        assert health_of(second) == {uuid_for(0): {"Healthy"}, uuid_for(1): {"Unhealthy"}}
+    finally:
+        following.cancel()
+        await stream.aclose()  # type: ignore[attr-defined]
