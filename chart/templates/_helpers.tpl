@@ -217,7 +217,7 @@ come from flags (see the Deployment), so the file holds only policy. */}}
   "kill_grace_s" .Values.agent.killGraceS
   "label_node" .Values.agent.labelNode
   "install_mgctl" .Values.agent.installMgctl
-  "metrics_listen" (printf "0.0.0.0:%d" (int .Values.agent.metricsPort))
+  "metrics_listen" (include "metagpu.listen" (dict "host" .Values.agent.metricsHost "port" .Values.agent.metricsPort))
 -}}
 {{- include "metagpu.mergeExtraConfig" (dict "base" $agent "extra" .Values.agent.extraConfig "where" "agent.extraConfig") -}}
 {{- $config := dict
@@ -292,4 +292,14 @@ capabilities:
 - {{ .Values.logFormat }}
 - --log-level
 - {{ .Values.logLevel }}
+{{- end -}}
+
+{{/* HOST:PORT for a listen address: (dict "host" "::" "port" 9400) -> [::]:9400 (an IPv6
+address goes in brackets). */}}
+{{- define "metagpu.listen" -}}
+{{- if contains ":" (toString .host) -}}
+{{- printf "[%s]:%d" .host (int .port) -}}
+{{- else -}}
+{{- printf "%s:%d" .host (int .port) -}}
+{{- end -}}
 {{- end -}}

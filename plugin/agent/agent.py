@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
+from certs.kube import open_api_client
 from plugin.agent.accounting import (
     Allocation,
     GpuReading,
@@ -45,7 +46,6 @@ from plugin.agent.cgroups import (
     CgroupFormatError,
     ContainerId,
     ProcessGoneError,
-    pick_container,
     read_process_cgroup,
 )
 from plugin.agent.containers import PodIndex
@@ -56,13 +56,15 @@ from plugin.agent.enforcement import (
     EventSink,
     OverrunTracker,
 )
+from plugin.agent.events import QueuedEventSink
 from plugin.agent.gpus import open_backend, read_gpus, resolve_owners
-from plugin.agent.kube import KubeEventSink, KubeUnavailableError, NodeLabeler, open_api_client
+from plugin.agent.kube import KubeEventSink, NodeLabeler
 from plugin.agent.labels import desired_labels
 from plugin.agent.metrics import AgentMetrics
 from plugin.agent.podresources import PodResourcesClient, PodResourcesError
 from plugin.agent.pods import PodWatcher
 from plugin.agent.probes import ProbeServer, ProbeState
+from plugin.agent.processes import ProcessHandle, open_process
 from plugin.agent.tasks import create_guarded_task, stop_tasks
 from plugin.api.config import PluginConfig
 from plugin.api.resources import AGENT_SOCKET_NAME
@@ -75,7 +77,9 @@ GPU_READ_TIMEOUT_S: Final = 30.0
 """A driver call that takes longer is wedged; the cycle goes on with the last reading."""
 STOP_TIMEOUT_S: Final = 5.0
 """How long stopping waits for tasks and an in-flight GPU read; well under the
-10 s a pod gets between SIGTERM and SIGKILL by default."""
+30 s a pod gets between SIGTERM and SIGKILL by default."""
+EVENT_FLUSH_TIMEOUT_S: Final = 2.0
+"""At stop, how long queued Events may take to reach the API server."""
 
 
 class AllocationSource(Protocol):
@@ -117,7 +121,7 @@ class Agent:
         metrics: AgentMetrics | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        send_signal: Callable[[int, int], None] = os.kill,
+        open_process: Callable[..., ProcessHandle] = open_process,
     ) -> None:
         self.config = config
         self.settings = config.agent
@@ -134,7 +138,7 @@ class Agent:
             known=self.index.knows,
             proc_root=self.settings.proc_root,
             reporting_instance=self.settings.node_name or os.uname().nodename,
-            send=send_signal,
+            open_process=open_process,
         )
         self._monotonic = monotonic
         self._wall = wall
@@ -149,6 +153,8 @@ class Agent:
         self._gpu_resources: dict[str, str] = {}
         self._resource_names = tuple(r.name for r in config.resources)
         self._waiters: list[asyncio.Future[CycleResult]] = []
+        self._known: tuple[int, frozenset[ContainerId]] | None = None
+        """(index generation, container IDs): rebuilt only when the pod index changed."""
 
     # -------------------------------------------------------------- cycle
     async def cycle(self) -> CycleResult:
@@ -161,9 +167,9 @@ class Agent:
         self._note("pods", pods_problem)
         if pods_problem is not None:
             stale.add("pods")
-        pids = [p.pid for r in readings for p in r.processes or ()]
-        # The worker thread gets a copy: the pod watch changes the index meanwhile.
-        known = frozenset(c.container_id for c in self.index.containers())
+        # One cgroup read per process, however many GPUs it uses.
+        pids = list(dict.fromkeys(p.pid for r in readings for p in r.processes or ()))
+        known = self._known_containers()
         owners = await asyncio.to_thread(
             resolve_owners, pids, proc_root=self.settings.proc_root, known=known.__contains__
         )
@@ -183,6 +189,17 @@ class Agent:
             if not waiter.done():
                 waiter.set_result(result)
         return result
+
+    def _known_containers(self) -> frozenset[ContainerId]:
+        """The indexed container IDs, as a copy the worker thread may read while the pod
+        watch changes the index; rebuilt only when the index's generation moved."""
+        generation = self.index.generation
+        if self._known is None or self._known[0] != generation:
+            self._known = (
+                generation,
+                frozenset(c.container_id for c in self.index.containers()),
+            )
+        return self._known[1]
 
     async def drain(self, *, timeout_s: float) -> None:
         """Wait (bounded) for a GPU read still running in its thread, so the backend
@@ -224,6 +241,7 @@ class Agent:
             now_s=now_s,
             policy=self.settings.memory_enforcement,
             grace_s=self.settings.kill_grace_s,
+            cooldown_s=self.settings.report_cooldown_s,
         )
         self.metrics.update(snapshot)
         return snapshot, decisions
@@ -313,16 +331,17 @@ class Agent:
             await asyncio.sleep(max(0.0, interval - elapsed))
 
 
-def own_container(proc_root: Path) -> ContainerId | None:
-    """The container the agent itself runs in (None on the host or when unreadable).
+def own_cgroup(proc_root: Path) -> str | None:
+    """The cgroup path of the container the agent runs in (None on the host or when
+    unreadable).
 
-    Root callers from this container (``kubectl exec`` into the agent) get the
+    Root callers in this very cgroup (``kubectl exec`` into the agent) get the
     node view: the container already runs with hostPID and CAP_KILL."""
     try:
         cgroup = read_process_cgroup(os.getpid(), proc_root=proc_root)
     except (ProcessGoneError, CgroupFormatError):
         return None
-    return pick_container(cgroup, known=lambda _: False)
+    return cgroup.path if cgroup.in_container else None
 
 
 class AgentRuntime:
@@ -346,6 +365,7 @@ class AgentRuntime:
         self._backend = backend
         self._stack = AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
+        self._events: QueuedEventSink | None = None
         self.agent: Agent
         self.metrics_port: int | None = None
         self.socket_path = self.settings.socket_dir / AGENT_SOCKET_NAME
@@ -409,7 +429,7 @@ class AgentRuntime:
                 lookup=index.lookup,
                 pods_problem=pods_problem,
                 proc_root=settings.proc_root,
-                agent_container=own_container(settings.proc_root),
+                agent_cgroup=own_cgroup(settings.proc_root),
                 node_name=settings.node_name,
                 version=self.version,
                 backend=backend.kind,
@@ -432,7 +452,7 @@ class AgentRuntime:
         )
         await self._stack.enter_async_context(probes)
         self.metrics_port = probes.port
-        self._tasks.append(create_guarded_task(agent.run(), name="accounting cycle"))
+        self._tasks.insert(0, create_guarded_task(agent.run(), name="accounting cycle"))
 
     async def _start_kube(
         self, index: PodIndex
@@ -446,18 +466,26 @@ class AgentRuntime:
             )
             return None, None, lambda: "the agent has no node name, so it does not watch pods"
         try:
-            api = await open_api_client()
-        except KubeUnavailableError as exc:
+            api, source = await self._stack.enter_async_context(open_api_client())
+        except Exception as exc:  # no credentials: degrade, whatever error type says so
             logger.warning("running without the Kubernetes API: %s", exc)
             reason = str(exc)
             return None, None, lambda: reason
-        self._stack.push_async_callback(api.close)
+        logger.info("Kubernetes API credentials loaded", extra={"source": source})
         watcher = PodWatcher(api, node_name=node, index=index)
         self._tasks.append(create_guarded_task(watcher.run(), name="pod watch"))
         labels = NodeLabeler(api, node) if self.settings.label_node else None
-        return KubeEventSink(api), labels, lambda: watcher.error
+        self._events = QueuedEventSink(KubeEventSink(api))
+        self._tasks.append(create_guarded_task(self._events.run(), name="event writer"))
+        return self._events, labels, lambda: watcher.error
 
     async def _stop(self) -> None:
+        # The cycle first (it is tasks[0]: it may still queue Events), then what is
+        # queued gets a moment to reach the API server, then everything else.
+        await stop_tasks(self._tasks[:1], timeout_s=STOP_TIMEOUT_S)
+        events = self._events
+        if events is not None and not await events.flush(timeout_s=EVENT_FLUSH_TIMEOUT_S):
+            logger.warning("%d Events were not written before stopping", events.pending)
         await stop_tasks(self._tasks, timeout_s=STOP_TIMEOUT_S)
         self._tasks.clear()
         if hasattr(self, "agent"):

@@ -10,8 +10,14 @@ Endpoints (all under ``/v1``; documents built by :mod:`plugin.agent.views`):
 =========================  ==============================================
 
 Every request except ``/v1/version`` is identified by the peer credentials of
-its connection (``SO_PEERCRED``, see :mod:`plugin.agent.identity`). Errors are
-Kubernetes-style ``Status`` documents whose ``message`` mgctl prints as is.
+its connection (``SO_PEERCRED``, see :mod:`plugin.agent.identity`), and the
+process behind them is pinned when the connection is accepted
+(:mod:`plugin.agent.peers`): a request whose connecting process has gone, and
+whose PID may therefore belong to someone else now, is refused. That is why
+:class:`ApiServer` accepts connections itself instead of through an aiohttp
+site: the pin must be taken at ``accept()``, before the client can send
+anything. Errors are Kubernetes-style ``Status`` documents whose ``message``
+mgctl prints as is.
 
 The socket is mode 0666: containers run as arbitrary non-root UIDs and must be
 able to connect. That is safe because the file mode is not the access control,
@@ -22,25 +28,35 @@ what its own container owns (a non-root host process sees nothing).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import socket
-import struct
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import web
 
 from plugin import mgctl
-from plugin.agent.accounting import Snapshot
-from plugin.agent.cgroups import ContainerId, read_command
+from plugin.agent.accounting import ProcessView, Snapshot
+from plugin.agent.cgroups import (
+    CgroupFormatError,
+    ContainerId,
+    ProcessGoneError,
+    pick_container,
+    read_command,
+    read_process_cgroup,
+)
 from plugin.agent.containers import ContainerRef
 from plugin.agent.enforcement import kill_share_processes
 from plugin.agent.identity import Caller, CallerRefusedError, identify
+from plugin.agent.peers import Peer, PeerRegistry, pin_peer
+from plugin.agent.processes import ProcessHandle, open_process
 from plugin.agent.views import (
     API_VERSION,
     KillNotAllowedError,
@@ -58,7 +74,9 @@ SOCKET_MODE: Final = 0o666
 SOCKET_DIR_MODE: Final = 0o755
 SIGNALS: Final = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "INT": signal.SIGINT}
 MAX_BODY_BYTES: Final = 4096
-_PEERCRED: Final = struct.Struct("3i")
+ACCEPT_BACKLOG: Final = 128
+ACCEPT_RETRY_DELAY_S: Final = 1.0
+"""After a failed ``accept()`` (out of file descriptors), as asyncio's own servers do."""
 _VERSION_LINE: Final = '_EMBEDDED_VERSION = "unknown"'
 
 
@@ -71,14 +89,17 @@ class ApiContext:
     lookup: Callable[[ContainerId], ContainerRef | None]
     pods_problem: Callable[[], str | None]
     proc_root: Path
-    agent_container: ContainerId | None
+    agent_cgroup: str | None
+    """The cgroup path of the agent's own container (:func:`plugin.agent.agent.own_cgroup`)."""
     node_name: str | None
     version: str
     backend: str
-    send_signal: Callable[[int, int], None] = os.kill
+    open_process: Callable[..., ProcessHandle] = field(default=open_process)
+    """Pins a process before a kill (:func:`plugin.agent.processes.open_process`)."""
 
 
 CONTEXT: Final = web.AppKey("context", ApiContext)
+PEERS: Final = web.AppKey("peers", PeerRegistry)
 
 
 def status_response(code: int, reason: str, message: str) -> web.Response:
@@ -94,30 +115,45 @@ def status_response(code: int, reason: str, message: str) -> web.Response:
     return web.json_response(body, status=code)
 
 
-def peer_credentials(request: web.Request) -> tuple[int, int]:
-    """``(pid, uid)`` of the process at the other end of the request's unix socket."""
-    transport = request.transport
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None or sock.family != socket.AF_UNIX:
-        raise CallerRefusedError("the agent API only answers on its unix socket")
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    pid, uid, _gid = _PEERCRED.unpack(raw)
-    return pid, uid
-
-
 def identify_request(request: web.Request) -> Caller:
-    """The caller of ``request``; raises :class:`CallerRefusedError`."""
+    """The caller of ``request``; raises :class:`CallerRefusedError`.
+
+    The cgroup is read by PID number first, then the pinned process must still
+    be the one holding that number (:meth:`~plugin.agent.peers.Peer.confirm`).
+    """
     ctx = request.app[CONTEXT]
-    pid, uid = peer_credentials(request)
-    return identify(
-        pid,
-        uid,
+    peer = request.app[PEERS].of(request.protocol)
+    caller = identify(
+        peer.pid,
+        peer.uid,
         proc_root=ctx.proc_root,
         lookup=ctx.lookup,
-        agent_container=ctx.agent_container,
+        agent_cgroup=ctx.agent_cgroup,
         node_name=ctx.node_name,
         pods_problem=ctx.pods_problem(),
     )
+    peer.confirm(proc_root=ctx.proc_root)
+    return caller
+
+
+def command_of(process: ProcessView, *, ctx: ApiContext) -> str:
+    """The command line of a listed GPU process, or ``""``.
+
+    The reading may be ``interval_s`` old; by now its PID may belong to a
+    different process. The command line is shown only if the process holding
+    the PID runs in the container the reading says, and still holds it after
+    its command line was read: a container never sees a stranger's command.
+    """
+    try:
+        with ctx.open_process(process.pid, proc_root=ctx.proc_root) as handle:
+            cgroup = read_process_cgroup(process.pid, proc_root=ctx.proc_root)
+            owner = pick_container(cgroup, known=lambda c: ctx.lookup(c) is not None)
+            if owner != process.container_id:
+                return ""
+            text = read_command(process.pid, proc_root=ctx.proc_root)
+            return text if handle.alive() else ""
+    except (ProcessGoneError, CgroupFormatError):
+        return ""
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -178,13 +214,9 @@ async def get_processes(request: web.Request) -> web.Response:
     if isinstance(snap, web.Response):
         return snap
     ctx = request.app[CONTEXT]
-    # One /proc/<pid>/cmdline read per process: off the event loop.
+    # A few /proc reads per process: off the event loop.
     doc = await asyncio.to_thread(
-        process_list,
-        snap,
-        caller,
-        node=ctx.node_name,
-        command=lambda pid: read_command(pid, proc_root=ctx.proc_root),
+        process_list, snap, caller, node=ctx.node_name, command=partial(command_of, ctx=ctx)
     )
     return web.json_response(doc)
 
@@ -226,8 +258,8 @@ async def post_kill(request: web.Request) -> web.Response:
         container_id=process.container_id,
         proc_root=ctx.proc_root,
         known=lambda c: ctx.lookup(c) is not None,
-        send=ctx.send_signal,
         sig=SIGNALS[sig_name],
+        open_process=ctx.open_process,
     )
     if outcome.killed:
         logger.warning(
@@ -272,10 +304,11 @@ async def _json_body(request: web.Request) -> dict[str, Any] | web.Response:
     return body
 
 
-def build_app(ctx: ApiContext) -> web.Application:
-    """The mgctl API application."""
+def build_app(ctx: ApiContext, peers: PeerRegistry) -> web.Application:
+    """The mgctl API application; ``peers`` holds the pinned peer of each connection."""
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT] = ctx
+    app[PEERS] = peers
     app.router.add_get(f"/{API_VERSION}/version", get_version)
     app.router.add_get(f"/{API_VERSION}/processes", get_processes)
     app.router.add_get(f"/{API_VERSION}/devices", get_devices)
@@ -284,13 +317,29 @@ def build_app(ctx: ApiContext) -> web.Application:
 
 
 class ApiServer:
-    """Serves :func:`build_app` on a unix socket; an async context manager."""
+    """Serves :func:`build_app` on a unix socket; an async context manager.
 
-    def __init__(self, ctx: ApiContext, socket_path: Path) -> None:
+    It accepts connections itself (:meth:`_accept`) and hands each to aiohttp
+    with ``loop.connect_accepted_socket``, so that the peer is pinned the
+    moment the connection is accepted. ``pin`` replaces
+    :func:`~plugin.agent.peers.pin_peer` (tests force its fallbacks).
+    """
+
+    def __init__(
+        self,
+        ctx: ApiContext,
+        socket_path: Path,
+        *,
+        pin: Callable[[socket.socket], Peer] | None = None,
+    ) -> None:
         self.socket_path = socket_path
+        self.peers = PeerRegistry()
+        self._pin = pin or partial(pin_peer, proc_root=ctx.proc_root)
         self._runner = web.AppRunner(
-            build_app(ctx), handle_signals=False, shutdown_timeout=1.0, access_log=None
+            build_app(ctx, self.peers), handle_signals=False, shutdown_timeout=1.0, access_log=None
         )
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> ApiServer:
         await self.start()
@@ -305,14 +354,93 @@ class ApiServer:
         if self.socket_path.is_socket() or self.socket_path.is_symlink():
             self.socket_path.unlink()  # left by a previous agent that did not stop cleanly
         await self._runner.setup()
-        site = web.UnixSite(self._runner, str(self.socket_path))
-        await site.start()
-        os.chmod(self.socket_path, SOCKET_MODE)
+        assert self._runner.server is not None  # set by setup()
+        self._forget_peers_of_closed_connections(self._runner.server)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(self.socket_path))
+            os.chmod(self.socket_path, SOCKET_MODE)
+            listener.listen(ACCEPT_BACKLOG)
+            listener.setblocking(False)
+        except BaseException:
+            listener.close()
+            raise
+        self._listener = listener
+        self._accepting = asyncio.create_task(self._accept(listener), name="mgctl API accept")
         logger.info("mgctl API listening", extra={"socket": str(self.socket_path)})
 
+    def _forget_peers_of_closed_connections(self, server: web.Server) -> None:
+        """Release a connection's peer (and its pidfd) as soon as the connection is lost.
+
+        aiohttp's request handler reports a lost connection to its server
+        (``Server.connection_lost(handler, exc)``); this server instance's
+        method is wrapped so the registry hears of it too. Without it each
+        connection would leave a pidfd open until the agent stops."""
+        forward = server.connection_lost
+
+        def connection_lost(handler: web.RequestHandler, exc: BaseException | None = None) -> None:
+            try:
+                forward(handler, exc)
+            finally:
+                self.peers.discard(handler)
+
+        server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None  # set by setup()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: wait, as asyncio's servers do
+                logger.warning("mgctl API cannot accept a connection: %s", exc)
+                await asyncio.sleep(ACCEPT_RETRY_DELAY_S)
+                continue
+            await self._connect(conn, loop=loop, server=server)
+
+    async def _connect(
+        self, conn: socket.socket, *, loop: asyncio.AbstractEventLoop, server: web.Server
+    ) -> None:
+        """Pin the peer of ``conn``, then hand the connection to aiohttp."""
+        try:
+            peer = self._pin(conn)  # first of all: see plugin.agent.peers
+        except OSError as exc:
+            logger.warning("mgctl API cannot read a connection's peer: %s", exc)
+            conn.close()
+            return
+        handlers: list[web.RequestHandler] = []
+
+        def protocol() -> web.RequestHandler:
+            handler = server()
+            self.peers.add(handler, peer)  # before the protocol can read a request
+            handlers.append(handler)
+            return handler
+
+        try:
+            await loop.connect_accepted_socket(protocol, conn)
+        except BaseException as exc:
+            for handler in handlers:
+                self.peers.discard(handler)
+            peer.close()
+            conn.close()
+            if not isinstance(exc, Exception):
+                raise
+            logger.warning("mgctl API could not set up a connection: %s", exc)
+            return
+
     async def stop(self) -> None:
-        """Stop serving and remove the socket file."""
+        """Stop accepting, close the connections, remove the socket file."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+            self._accepting = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         await asyncio.shield(self._runner.cleanup())
+        self.peers.close_all()
         self.socket_path.unlink(missing_ok=True)
 
 

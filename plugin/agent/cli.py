@@ -29,7 +29,6 @@ from plugin.api.commands import (
 from plugin.api.config import CONFIG_FILE_ENV, ENV_PREFIX, PluginConfig
 from plugin.api.settings import load_config
 
-"""Fallback for ``--config``: the same variable the device plugin reads."""
 NODE_NAME_ENV: Final = "NODE_NAME"
 """The conventional downward-API variable (``fieldRef: spec.nodeName``)."""
 

@@ -8,11 +8,14 @@ Two halves, kept apart so the decision can be tested without killing anything:
   cycle it is back under (:class:`Resolved`). With policy ``kill`` a
   :class:`Kill` is decided once the overrun has lasted ``grace_s``, and again
   every ``grace_s`` while it goes on (a container that respawns its workers is
-  not killed in a tight loop).
-* :class:`Enforcer` (adapter over ``os.kill`` and an :class:`EventSink`): kills
-  the container's processes on that GPU (all of them at once, not one per cycle
-  as the original did) and records a Kubernetes Event on the pod saying what
-  was used, what was allowed and what was done.
+  not killed in a tight loop). A share whose overrun was reported less than
+  ``cooldown_s`` ago gets a *quiet* :class:`Report`: counted in the metrics,
+  but no Event and no warning, so a job swinging around its limit does not
+  write an Event every other cycle.
+* :class:`Enforcer` (adapter over pidfds and an :class:`EventSink`): kills the
+  container's processes on that GPU (all of them at once, not one per cycle as
+  the original did) and records a Kubernetes Event on the pod saying what was
+  used, what was allowed and what was done.
 
 Safety rules, each for a reason:
 
@@ -21,8 +24,10 @@ Safety rules, each for a reason:
 * No decision is taken on a cycle whose inputs are stale (allocations or GPU
   readings could not be read) or for a GPU whose process list failed: the agent
   never kills on data it did not see.
-* Before each SIGKILL the PID's cgroup is read again and must still name the
-  same container; a PID reused by another process since the reading is skipped.
+* Before each SIGKILL the process holding the PID is pinned (a pidfd), its
+  cgroup is read again and must still name the same container, and the signal
+  goes through the pidfd: a PID reused by another process since the reading is
+  skipped, and one reused *during* the check is never signalled.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from plugin.agent.cgroups import (
     read_process_cgroup,
 )
 from plugin.agent.containers import ContainerKey, PodRef
+from plugin.agent.processes import ProcessHandle, open_process
 from plugin.api.agent_config import MemoryEnforcement
 
 logger = logging.getLogger(__name__)
@@ -57,10 +63,22 @@ REASON_OVER_LIMIT: Final = "GpuMemoryOverLimit"
 REASON_KILLED: Final = "GpuMemoryLimitEnforced"
 REASON_KILL_FAILED: Final = "GpuMemoryKillFailed"
 EVENT_NOTE_MAX: Final = 1024
-"""The API server rejects an Event ``note`` over 1 kB."""
+"""The API server rejects an Event ``note`` over 1024 *bytes* (UTF-8)."""
+_ELLIPSIS: Final = "…"
 
 ShareId = tuple[ContainerKey, str]
 """(container, GPU UUID): the unit enforcement tracks."""
+
+EnforcementAction = Literal["report", "kill", "kill_failed", "kill_skipped", "resolved"]
+ENFORCEMENT_ACTIONS: Final[tuple[EnforcementAction, ...]] = (
+    "report",
+    "kill",
+    "kill_failed",
+    "kill_skipped",
+    "resolved",
+)
+""":class:`EnforcementRecord` actions; ``kill_skipped``: a kill found none of the
+share's processes to signal (all had exited or now belong to someone else)."""
 
 
 # ------------------------------------------------------------------ decisions
@@ -72,6 +90,9 @@ class Report:
     policy: MemoryEnforcement
     kill_after_s: float | None
     """Seconds until a kill if it persists (policy ``kill``); None otherwise."""
+    quiet: bool = False
+    """This share's overruns were reported less than the cooldown ago: count it,
+    but write no Event and no warning."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +125,8 @@ class OverrunTracker:
 
     def __init__(self) -> None:
         self._episodes: dict[ShareId, _Episode] = {}
+        self._reported_at: dict[ShareId, float] = {}
+        """When each share's last loud Report was decided (monotonic seconds)."""
 
     @property
     def overruns(self) -> frozenset[ShareId]:
@@ -117,11 +140,17 @@ class OverrunTracker:
         now_s: float,
         policy: MemoryEnforcement,
         grace_s: float,
+        cooldown_s: float = 0.0,
     ) -> list[Decision]:
-        """What to do this cycle. ``now_s`` is monotonic seconds."""
+        """What to do this cycle. ``now_s`` is monotonic seconds; ``cooldown_s`` is how
+        long after a loud Report a new overrun of the same share stays quiet."""
         if policy == "off":
             self._episodes.clear()
+            self._reported_at.clear()
             return []
+        for reported, at in list(self._reported_at.items()):
+            if now_s - at >= cooldown_s:
+                del self._reported_at[reported]
         if snapshot.stale & {"gpus", "podresources"}:
             return []  # keep every episode as it is; decide again on fresh data
         blind = {g.uuid for g in snapshot.gpus if not g.processes_known}
@@ -136,8 +165,16 @@ class OverrunTracker:
             if episode is None:
                 episode = _Episode(started_s=now_s, next_kill_s=now_s + grace_s)
                 self._episodes[sid] = episode
+                quiet = sid in self._reported_at
+                if not quiet:
+                    self._reported_at[sid] = now_s
                 decisions.append(
-                    Report(share, policy=policy, kill_after_s=grace_s if policy == "kill" else None)
+                    Report(
+                        share,
+                        policy=policy,
+                        kill_after_s=grace_s if policy == "kill" else None,
+                        quiet=quiet,
+                    )
                 )
                 if policy != "kill" or grace_s > 0:
                     continue
@@ -244,7 +281,13 @@ def _pids(pids: Sequence[int]) -> str:
 
 
 def _cap(text: str) -> str:
-    return text if len(text) <= EVENT_NOTE_MAX else text[: EVENT_NOTE_MAX - 1] + "…"
+    """``text`` cut to at most :data:`EVENT_NOTE_MAX` UTF-8 bytes, ending in ``…`` when cut
+    (the limit is on bytes; a multi-byte character is never split)."""
+    raw = text.encode("utf-8")
+    if len(raw) <= EVENT_NOTE_MAX:
+        return text
+    budget = EVENT_NOTE_MAX - len(_ELLIPSIS.encode("utf-8"))
+    return raw[:budget].decode("utf-8", "ignore") + _ELLIPSIS
 
 
 # ------------------------------------------------------------------- adapter
@@ -264,14 +307,16 @@ def kill_share_processes(
     container_id: ContainerId | None,
     proc_root: Path,
     known: Callable[[ContainerId], bool],
-    send: Callable[[int, int], None] = os.kill,
     sig: int = signal.SIGKILL,
+    open_process: Callable[..., ProcessHandle] = open_process,
 ) -> KillOutcome:
     """Send ``sig`` to each PID that still runs in ``container_id`` (None: on the host).
 
-    Each PID's cgroup is read again right before the signal: between the cycle's
-    reading and now the process may have exited and its PID been reused. PID 1
-    and the agent itself are never signalled.
+    Between the cycle's reading and now the process may have exited and its PID
+    been reused. So each PID is pinned first (:mod:`plugin.agent.processes`),
+    its cgroup is read again, and the signal goes to the pinned process: if the
+    PID changed hands after the pin, the signal finds its process gone instead
+    of reaching the newcomer. PID 1 and the agent itself are never signalled.
     """
     killed: list[int] = []
     gone: list[int] = []
@@ -282,29 +327,39 @@ def kill_share_processes(
             skipped.append(pid)
             continue
         try:
-            owner = pick_container(read_process_cgroup(pid, proc_root=proc_root), known=known)
+            handle = open_process(pid, proc_root=proc_root)
         except ProcessGoneError:
             gone.append(pid)
             continue
-        except CgroupFormatError as exc:
-            failed[pid] = str(exc)
-            continue
-        if owner != container_id:
-            skipped.append(pid)
-            continue
-        try:
-            send(pid, sig)
-        except ProcessLookupError:
-            gone.append(pid)
         except OSError as exc:
             failed[pid] = exc.strerror or str(exc)
-        else:
-            killed.append(pid)
+            continue
+        with handle:
+            try:
+                owner = pick_container(read_process_cgroup(pid, proc_root=proc_root), known=known)
+            except ProcessGoneError:
+                gone.append(pid)
+                continue
+            except CgroupFormatError as exc:
+                failed[pid] = str(exc)
+                continue
+            if owner != container_id:
+                skipped.append(pid)
+                continue
+            try:
+                handle.send(sig)
+            except ProcessLookupError:
+                gone.append(pid)
+            except OSError as exc:
+                failed[pid] = exc.strerror or str(exc)
+            else:
+                killed.append(pid)
     return KillOutcome(tuple(killed), tuple(gone), tuple(skipped), failed)
 
 
 class EventSink(Protocol):
-    """Where Events go (:class:`plugin.agent.events.KubeEventSink`, or a test list)."""
+    """Where Events go: :class:`plugin.agent.kube.KubeEventSink` behind a
+    :class:`plugin.agent.events.QueuedEventSink`, or a test list."""
 
     async def record(self, event: Mapping[str, Any]) -> None:
         """Write one Event; must log rather than raise on API errors."""
@@ -313,9 +368,9 @@ class EventSink(Protocol):
 
 @dataclass(frozen=True)
 class EnforcementRecord:
-    """One thing the enforcer did, for metrics: ``report``, ``kill`` or ``kill_failed``."""
+    """One thing the enforcer did, for metrics (``metagpu_enforcement_actions_total``)."""
 
-    action: Literal["report", "kill", "kill_failed", "resolved"]
+    action: EnforcementAction
     share_id: ShareId
 
 
@@ -331,7 +386,7 @@ class Enforcer:
         proc_root: Path,
         reporting_instance: str,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
-        send: Callable[[int, int], None] = os.kill,
+        open_process: Callable[..., ProcessHandle] = open_process,
     ) -> None:
         self._events = events
         self._pods = pods
@@ -339,7 +394,7 @@ class Enforcer:
         self._proc_root = proc_root
         self._instance = reporting_instance
         self._clock = clock
-        self._send = send
+        self._open_process = open_process
 
     async def execute(self, decisions: Sequence[Decision]) -> list[EnforcementRecord]:
         """Act on each decision in order; never raises for one share's failure."""
@@ -362,8 +417,17 @@ class Enforcer:
     async def _report(self, decision: Report) -> EnforcementRecord:
         share = decision.share
         note = report_note(decision)
-        logger.warning("GPU memory over the limit: %s", note, extra=_ref(share.key, share.gpu_uuid))
-        await self._event(share, reason=REASON_OVER_LIMIT, action="Report", note=note)
+        if decision.quiet:
+            logger.debug(
+                "GPU memory over the limit again (reported recently, no Event): %s",
+                note,
+                extra=_ref(share.key, share.gpu_uuid),
+            )
+        else:
+            logger.warning(
+                "GPU memory over the limit: %s", note, extra=_ref(share.key, share.gpu_uuid)
+            )
+            await self._event(share, reason=REASON_OVER_LIMIT, action="Report", note=note)
         return EnforcementRecord("report", (share.key, share.gpu_uuid))
 
     async def _kill(self, decision: Kill) -> EnforcementRecord:
@@ -376,9 +440,18 @@ class Enforcer:
                 container_id=share.container_id,
                 proc_root=self._proc_root,
                 known=self._known,
-                send=self._send,
+                open_process=self._open_process,
             )
         note = kill_note(decision, outcome)
+        if not outcome.killed and not outcome.failed:
+            # Nothing was signalled: do not claim the limit was enforced.
+            log = logger.warning if outcome.skipped else logger.info
+            log(
+                "GPU memory limit: no process left to kill: %s",
+                note,
+                extra=_ref(share.key, share.gpu_uuid),
+            )
+            return EnforcementRecord("kill_skipped", (share.key, share.gpu_uuid))
         ok = not outcome.failed
         log = logger.warning if ok else logger.error
         log("GPU memory limit enforced: %s", note, extra=_ref(share.key, share.gpu_uuid))

@@ -8,7 +8,8 @@ and the PID's cgroup names its container (:mod:`plugin.agent.cgroups`). Then:
 * a process in a container that a pod on this node runs → **container scope**:
   it sees its own processes and shares and may kill only its own processes;
 * a root process (UID 0) on the host, outside any container and any pod's
-  cgroup, or in the agent's own container (``kubectl exec`` into the agent) →
+  cgroup, or in the agent's own container (``kubectl exec`` into the agent:
+  the very cgroup the agent runs in, not merely one named after it) →
   **node scope**: everything;
 * anything else → refused, with the reason.
 
@@ -67,15 +68,15 @@ def identify(
     *,
     proc_root: Path,
     lookup: Callable[[ContainerId], ContainerRef | None],
-    agent_container: ContainerId | None,
+    agent_cgroup: str | None,
     node_name: str | None,
     pods_problem: str | None = None,
 ) -> Caller:
     """Decide the caller's scope from its peer credentials. Raises :class:`CallerRefusedError`.
 
-    ``agent_container`` is the agent's own container ID (None when the agent
-    runs on the host); ``pods_problem`` explains why the pod index may be
-    incomplete, so a refusal can say so.
+    ``agent_cgroup`` is the cgroup path of the agent's own container (None
+    when the agent runs on the host); ``pods_problem`` explains why the pod
+    index may be incomplete, so a refusal can say so.
     """
     if pid <= 0:
         raise CallerRefusedError(
@@ -107,7 +108,10 @@ def identify(
             f"PID {pid} is a host process running as UID {uid}, not in a pod's container; "
             "only root on the host (or a pod's own containers) may use the agent"
         )
-    if agent_container is not None and cid == agent_container and uid == 0:
+    if agent_cgroup is not None and cgroup.path == agent_cgroup and uid == 0:
+        # The same cgroup, not merely the same container ID: a root process that can
+        # write cgroupfs may create a sub-cgroup named after the agent's container
+        # (picked when no outer container is known yet), but cannot enter this one.
         return Caller(pid=pid, uid=uid, scope="node", container=None, via="agent container")
     ref = lookup(cid)
     if ref is None:

@@ -1,9 +1,11 @@
-"""Adapter: the agent's writes to the Kubernetes API (Events, Node labels) and its client.
+"""Adapter: the agent's writes to the Kubernetes API (Events, Node labels).
 
 Every call here is best effort: the API server being down or refusing (RBAC,
 admission) is logged and the agent keeps accounting, enforcing and serving
 ``mgctl`` with what it knows. The exact verbs used are declared in
 :mod:`plugin.agent.permissions` and checked by the tests against the fake API.
+The client itself comes from :func:`certs.kube.open_api_client`, the one place
+metagpu loads its credentials.
 """
 
 from __future__ import annotations
@@ -11,43 +13,18 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any, cast
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from plugin.agent.labels import label_patch
+from plugin.agent.labels import full_label_patch, label_patch
 
 logger = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 10.0
 """One API request may take this long; the cycle is never held up longer."""
-
-
-class KubeUnavailableError(Exception):
-    """No in-cluster service account and no kubeconfig: the agent runs without the API."""
-
-
-async def open_api_client() -> client.ApiClient:
-    """An API client from the pod's service account, else from ``KUBECONFIG``/``~/.kube``."""
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except config.ConfigException as incluster:
-        try:
-            # The library reads KUBECONFIG once, at import; read it now.
-            await config.load_kube_config(
-                config_file=os.environ.get("KUBECONFIG") or None,
-                client_configuration=configuration,
-            )
-        except (config.ConfigException, OSError) as kubeconfig:
-            raise KubeUnavailableError(
-                f"no Kubernetes API credentials: not in a pod ({incluster}) and no usable "
-                f"kubeconfig ({kubeconfig})"
-            ) from kubeconfig
-    return client.ApiClient(configuration=configuration)
 
 
 def describe_api_error(exc: BaseException) -> str:
@@ -86,46 +63,41 @@ class KubeEventSink:
 class NodeLabeler:
     """Keeps the ``metagpu.io/*`` labels of one Node equal to the desired values.
 
-    Reads the Node once, then patches only when the desired labels differ from
-    what it last saw; after a failed patch it reads the Node again next time,
-    so a label someone else changed meanwhile is corrected, not assumed.
+    Never reads the Node: the first write (and the first after a failed one)
+    sets every owned label, to its value or removed
+    (:func:`~plugin.agent.labels.full_label_patch`); later ones patch only the
+    labels whose desired value changed since the last successful write.
     """
 
     def __init__(self, api: client.ApiClient, node_name: str) -> None:
         self._core = client.CoreV1Api(api)
         self.node_name = node_name
         self._current: dict[str, str] | None = None
+        """The owned labels as last written; None: unknown (write them all)."""
 
     async def sync(self, desired: Mapping[str, str]) -> bool:
         """Make the labels match ``desired``; True if a patch was sent. Never raises."""
+        current = self._current
+        patch = full_label_patch(desired) if current is None else label_patch(current, desired)
+        if not patch:
+            return False
+        # A merge patch of metadata.labels: None removes a label, others are
+        # untouched, and no resourceVersion means no conflict with other writers.
+        options: dict[str, Any] = {
+            "_content_type": "application/merge-patch+json",
+            "_request_timeout": REQUEST_TIMEOUT_S,
+        }
         try:
-            if self._current is None:
-                node = await self._core.read_node(
-                    self.node_name, _request_timeout=REQUEST_TIMEOUT_S
-                )
-                self._current = dict(node.metadata.labels or {})
-            patch = label_patch(self._current, desired)
-            if not patch:
-                return False
-            # A merge patch of metadata.labels: None removes a label, others are
-            # untouched, and no resourceVersion means no conflict with other writers.
-            options: dict[str, Any] = {
-                "_content_type": "application/merge-patch+json",
-                "_request_timeout": REQUEST_TIMEOUT_S,
-            }
             await self._core.patch_node(self.node_name, {"metadata": {"labels": patch}}, **options)
         except Exception as exc:
-            self._current = None
+            self._current = None  # what the Node carries now is unknown: write all next time
             logger.warning(
                 "could not update node labels: %s",
                 describe_api_error(exc),
                 extra={"node": self.node_name},
             )
             return False
-        for key, value in patch.items():
-            if value is None:
-                self._current.pop(key, None)
-            else:
-                self._current[key] = value
+        merged = {**(current or {}), **patch}
+        self._current = {key: value for key, value in merged.items() if value is not None}
         logger.info("node labels updated", extra={"node": self.node_name, "labels": patch})
         return True

@@ -89,3 +89,16 @@ def label_patch(current: Mapping[str, str], desired: Mapping[str, str]) -> dict[
         if current.get(key) != want:
             patch[key] = want
     return patch
+
+
+def full_label_patch(desired: Mapping[str, str]) -> dict[str, str | None]:
+    """The merge-patch that sets every one of :data:`OWNED_LABELS` without knowing the
+    Node's labels: the desired value, or ``None`` (remove) for one not wanted.
+
+    The agent sends it when it does not know what the Node carries (at start,
+    after a failed write), instead of reading the Node first: a merge patch is
+    idempotent, an unchanged Node is not written (the API server skips a no-op
+    patch, so no watcher wakes), and a label this agent set earlier but no
+    longer wants is still removed. It saves the agent the ``get nodes``
+    permission."""
+    return {key: desired.get(key) for key in OWNED_LABELS}

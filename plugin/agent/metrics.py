@@ -23,7 +23,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from plugin.agent.accounting import MIB, Snapshot
-from plugin.agent.enforcement import EnforcementRecord
+from plugin.agent.enforcement import ENFORCEMENT_ACTIONS, EnforcementRecord
 
 PREFIX: Final = "metagpu"
 GPU_LABELS: Final = ("gpu_uuid", "gpu_index", "gpu_model", "resource")
@@ -51,11 +51,12 @@ class AgentMetrics:
         self.actions = Counter(
             f"{PREFIX}_enforcement_actions",
             "Memory enforcement actions taken, by action: report (an overrun started), "
-            "kill (its processes were killed), kill_failed, resolved (back under the limit).",
+            "kill (its processes were killed), kill_failed, kill_skipped (none of its "
+            "processes was left to kill), resolved (back under the limit).",
             ["action"],
             registry=self.registry,
         )
-        for action in ("report", "kill", "kill_failed", "resolved"):
+        for action in ENFORCEMENT_ACTIONS:
             self.actions.labels(action)
         self.cycle_seconds = Histogram(
             f"{PREFIX}_agent_cycle_duration_seconds",

@@ -23,10 +23,11 @@ PERMISSIONS: Final = (
     Permission(
         group="",
         resource="nodes",
-        verbs=frozenset({"get", "patch"}),
+        verbs=frozenset({"patch"}),
         namespaced=False,
-        why="keep the metagpu.io/* labels of its own Node current (RBAC cannot name "
-        "'the node I run on', so any node)",
+        why="keep the metagpu.io/* labels of its own Node current with merge patches, "
+        "never reading the Node (RBAC cannot name 'the node I run on', so any node; "
+        "docs/install.md shows a ValidatingAdmissionPolicy that narrows it)",
     ),
     Permission(
         group="events.k8s.io",

@@ -51,6 +51,7 @@ class PodWatcher:
         """Set once the first LIST has been applied."""
         self.error: str | None = "not listed yet"
         """Why the index may be stale, or None while the watch is healthy."""
+        self._backoff_s = BACKOFF_INITIAL_S
 
     @property
     def selector(self) -> str:
@@ -58,13 +59,11 @@ class PodWatcher:
 
     async def run(self) -> None:
         """List and watch forever; returns only when cancelled."""
-        backoff = BACKOFF_INITIAL_S
         resource_version: str | None = None
         while True:
             try:
                 if resource_version is None:
                     resource_version = await self._list()
-                    backoff = BACKOFF_INITIAL_S
                 resource_version = await self._watch(resource_version)
             except asyncio.CancelledError:
                 raise
@@ -75,12 +74,21 @@ class PodWatcher:
                 self.error = describe_api_error(exc)
                 logger.warning(
                     "pod watch failed, retrying in %.1f s: %s",
-                    backoff,
+                    self._backoff_s,
                     self.error,
                     extra={"node": self.node_name},
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                await asyncio.sleep(self._backoff_s)
+                self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+
+    def _healthy(self) -> None:
+        """A list or watch request succeeded: the index is current again (a watch
+        resumed from its resourceVersion misses nothing), and the next failure
+        starts the backoff afresh."""
+        if self.error is not None and self.synced.is_set():
+            logger.info("pod watch recovered", extra={"node": self.node_name})
+        self.error = None
+        self._backoff_s = BACKOFF_INITIAL_S
 
     async def _list(self) -> str:
         resp = _raw(
@@ -96,7 +104,7 @@ class PodWatcher:
             resp.release()
         items = body.get("items") or []
         self.index.replace(items)
-        self.error = None
+        self._healthy()
         if not self.synced.is_set():
             logger.info("pod index synced", extra={"node": self.node_name, "pods": len(self.index)})
         self.synced.set()
@@ -120,6 +128,7 @@ class PodWatcher:
                 raise WatchExpiredError()
             if resp.status != 200:
                 await _read_json(resp)  # raises with the API's message
+            self._healthy()
             while True:
                 line = await resp.content.readline()
                 if not line:

@@ -78,9 +78,13 @@ def process_list(
     caller: Caller,
     *,
     node: str | None,
-    command: Callable[[int], str],
+    command: Callable[[ProcessView], str],
 ) -> Json:
-    """``GET /v1/processes``: GPU processes the caller may see, with their share."""
+    """``GET /v1/processes``: GPU processes the caller may see, with their share.
+
+    ``command`` gives a listed process's command line (``""`` when it cannot be
+    shown); it gets the whole view, so it can check the PID still belongs to
+    the container the reading says."""
     shares = {(s.key, s.gpu_uuid): s for s in snapshot.shares}
     visible = _visible(caller)
     items: list[Json] = []
@@ -93,7 +97,7 @@ def process_list(
             "gpuUuid": p.gpu_uuid,
             "usedMemoryMiB": p.used_memory_mib,
             "utilizationPercent": p.utilization_percent,
-            "command": command(p.pid),
+            "command": command(p),
             "containerId": p.container_id,
         }
         if p.container is not None:

@@ -85,6 +85,13 @@ class AgentConfig(StrictModel):
     bursts and free caches; 30 s (six cycles) ignores a spike and still stops a
     runaway job long before it starves its neighbours for long."""
 
+    report_cooldown_s: float = Field(default=600.0, ge=0, le=86400)
+    """Seconds after an overrun's Warning Event during which a new overrun of the same
+    container on the same GPU is only counted (metric, DEBUG log), not reported again.
+    A job swinging around its limit would otherwise write an Event every other cycle;
+    10 minutes keeps ``kubectl describe pod`` readable and still re-alerts on a job
+    that keeps doing it. 0 reports every overrun. Kills are always reported."""
+
     metrics_listen: str = f"0.0.0.0:{DEFAULT_METRICS_PORT}"
     """``HOST:PORT`` of the Prometheus endpoint (``/metrics``, plus ``/healthz`` and
     ``/readyz`` for probes). 9400 is the port GPU exporters conventionally use (it is

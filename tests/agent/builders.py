@@ -120,14 +120,32 @@ def cgroup_line(cid: str, uid: str) -> str:
     )
 
 
-def place_in_container(proc_root: Path, pid: int, cref: ContainerRef) -> None:
-    """Write ``<proc_root>/<pid>/cgroup`` so the agent sees ``pid`` in ``cref``'s container."""
+def stat_line(pid: int, *, state: str = "S", start_ticks: int = 4242) -> str:
+    """A ``/proc/<pid>/stat`` line (52 fields; the command name has a space and a ``)``)."""
+    rest = ["0"] * 49
+    rest[18] = str(start_ticks)  # field 22
+    return f"{pid} (py thon) x) {state} " + " ".join(rest) + "\n"
+
+
+def _process_dir(proc_root: Path, pid: int) -> Path:
+    """``<proc_root>/<pid>``, with a ``stat`` file: the real process's when it runs here
+    (so its start time is right for the start-time pin), else a made-up one."""
     d = proc_root / str(pid)
     d.mkdir(parents=True, exist_ok=True)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        stat = stat_line(pid)
+    (d / "stat").write_text(stat)
+    return d
+
+
+def place_in_container(proc_root: Path, pid: int, cref: ContainerRef) -> None:
+    """Write ``<proc_root>/<pid>/cgroup`` so the agent sees ``pid`` in ``cref``'s container."""
+    d = _process_dir(proc_root, pid)
     (d / "cgroup").write_text(cgroup_line(cref.container_id, cref.pod_uid))
 
 
 def place_on_host(proc_root: Path, pid: int) -> None:
-    d = proc_root / str(pid)
-    d.mkdir(parents=True, exist_ok=True)
+    d = _process_dir(proc_root, pid)
     (d / "cgroup").write_text("0::/user.slice/user-0.slice/session-1.scope\n")

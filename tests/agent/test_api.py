@@ -125,7 +125,7 @@ async def node(short_tmp_path: Path, tmp_path: Path) -> AsyncIterator[Node]:
         lookup=index.lookup,
         pods_problem=lambda: None,
         proc_root=proc_root,
-        agent_container=None,
+        agent_cgroup=None,
         node_name="node-a",
         version="1.2.3",
         backend="simulated",
@@ -259,6 +259,21 @@ async def test_host_root_sees_the_node_and_non_root_is_refused(node: Node) -> No
     code, out, err = await node.mgctl_as(node.on_host(), "get", "processes", uid=65534)
     assert code == 3, err
     assert "host process running as UID 65534" in err
+
+
+async def test_a_command_line_is_shown_only_while_its_pid_is_the_listed_process(
+    node: Node,
+) -> None:
+    for name in ("a", "b"):
+        (node.proc_root / str(node.pid(name)) / "cmdline").write_bytes(b"python\0train.py\0")
+    # The reading is a cycle old; since then b's PID went to a process in a's container.
+    place_in_container(node.proc_root, node.pid("b"), ref("a"))
+    code, out, err = await node.mgctl_as(node.on_host(), "get", "processes", "-o", "json")
+    assert code == 0, err
+    commands = {p["pid"]: p["command"] for p in json.loads(out)["items"]}
+    assert commands[node.pid("a")] == "python train.py"
+    assert commands[node.pid("b")] == ""  # not b's command line any more
+    assert commands[4242] == ""  # gone
 
 
 async def test_host_root_cannot_kill_non_gpu_processes(node: Node) -> None:

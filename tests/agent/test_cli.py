@@ -49,6 +49,7 @@ def test_defaults(capsys: pytest.CaptureFixture[str]) -> None:
         "interval_s": 5.0,
         "memory_enforcement": "report",
         "kill_grace_s": 30.0,
+        "report_cooldown_s": 600.0,
         "metrics_listen": "0.0.0.0:9400",
         "proc_root": "/proc",
         "label_node": True,

@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from certs.kube import open_api_client
 from plugin.agent.agent import Agent
 from plugin.agent.containers import PodIndex
-from plugin.agent.kube import KubeEventSink, open_api_client
+from plugin.agent.kube import KubeEventSink
 from plugin.agent.podresources import PodResourcesClient
+from plugin.agent.processes import ProcessHandle, open_process
 from plugin.api.config import PluginConfig
 from plugin.simulated import SimulatedGpu, SimulatedGpus, SimulatedGpusFile
 from tests.agent.builders import A100, gpu_uuid, index_of, place_in_container, pod, ref
@@ -78,11 +80,8 @@ async def _child() -> asyncio.subprocess.Process:
 
 @pytest.fixture
 async def api(kube_config_env: Path) -> AsyncIterator[client.ApiClient]:
-    api = await open_api_client()
-    try:
+    async with open_api_client() as (api, _source):
         yield api
-    finally:
-        await api.close()
 
 
 @pytest.fixture
@@ -94,7 +93,7 @@ async def make_rig(
 ) -> AsyncIterator[Callable[..., Awaitable[Rig]]]:
     closers: list[Callable[[], Awaitable[None]]] = []
 
-    async def make(policy: str, grace_s: float = 30) -> Rig:
+    async def make(policy: str, grace_s: float = 30, cooldown_s: float = 600) -> Rig:
         proc_root = tmp_path / "proc"
         children = [await _child(), await _child()]
         for c in children:
@@ -115,6 +114,7 @@ async def make_rig(
                 "agent": {
                     "memory_enforcement": policy,
                     "kill_grace_s": grace_s,
+                    "report_cooldown_s": cooldown_s,
                     "proc_root": str(proc_root),
                     "node_name": "node-a",
                 }
@@ -210,7 +210,7 @@ async def test_no_kill_while_under_the_limit(make_rig: Any) -> None:
 
 
 async def test_no_kill_if_the_overrun_ends_before_the_grace_period(make_rig: Any) -> None:
-    rig: Rig = await make_rig("kill", grace_s=30)
+    rig: Rig = await make_rig("kill", grace_s=30, cooldown_s=0)
     rig.use(15000, 10000)
     assert await rig.cycle_at(0) == ["Report"]
     rig.use(5000, 5000)  # the job freed its cache
@@ -222,21 +222,59 @@ async def test_no_kill_if_the_overrun_ends_before_the_grace_period(make_rig: Any
     assert [e["action"] for e in rig.events()] == ["Report", "Report"]
 
 
+async def test_a_job_swinging_around_its_limit_gets_one_event_per_cooldown(
+    make_rig: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig: Rig = await make_rig("report", cooldown_s=600)
+    with caplog.at_level(logging.WARNING, logger="plugin.agent.enforcement"):
+        for t in range(0, 600, 10):  # over, under, over, under... every other cycle
+            rig.use(15000, 10000) if t % 20 == 0 else rig.use(5000, 5000)
+            await rig.cycle_at(t)
+    assert [e["action"] for e in rig.events()] == ["Report"]
+    assert caplog.text.count("GPU memory over the limit") == 1
+    # Every overrun is still counted.
+    assert rig.agent.metrics.actions.labels("report")._value.get() == 30
+    rig.use(15000, 10000)
+    await rig.cycle_at(600)  # the cooldown is over: reported again
+    assert [e["action"] for e in rig.events()] == ["Report", "Report"]
+
+
 async def test_a_reused_pid_is_not_killed(make_rig: Any) -> None:
     rig: Rig = await make_rig("kill", grace_s=0)
     rig.use(15000, 10000)
     # Between the reading and the kill, the second PID "now belongs" to another container.
     other = ref("b")
     rig.index.replace([pod("a"), pod("b")])
-    original = rig.agent.enforcer._send
+    victim = rig.children[1].pid
 
-    def move_then_send(pid: int, sig: int) -> None:
-        place_in_container(rig.proc_root, rig.children[1].pid, other)
-        original(pid, sig)
+    def open_then_move(pid: int, *, proc_root: Path) -> ProcessHandle:
+        handle = open_process(pid, proc_root=proc_root)
+        if pid == victim:
+            place_in_container(rig.proc_root, victim, other)
+        return handle
 
-    rig.agent.enforcer._send = move_then_send
+    rig.agent.enforcer._open_process = open_then_move
     assert await rig.cycle_at(0) == ["Report", "Kill"]
     assert await asyncio.wait_for(rig.children[0].wait(), 10) == -signal.SIGKILL
     assert rig.children[1].returncode is None
     kill = next(e for e in rig.events() if e["action"] == "Kill")
-    assert f"Skipped (PID now belongs to another process): {rig.children[1].pid}" in kill["note"]
+    assert f"Skipped (PID now belongs to another process): {victim}" in kill["note"]
+
+
+async def test_a_kill_that_found_no_process_is_not_called_enforced(make_rig: Any) -> None:
+    rig: Rig = await make_rig("kill", grace_s=0)
+    rig.use(15000, 10000)
+    # Both PIDs change hands between the reading and the kill.
+    rig.index.replace([pod("a"), pod("b")])
+
+    def open_then_move(pid: int, *, proc_root: Path) -> ProcessHandle:
+        handle = open_process(pid, proc_root=proc_root)
+        place_in_container(rig.proc_root, pid, ref("b"))
+        return handle
+
+    rig.agent.enforcer._open_process = open_then_move
+    assert await rig.cycle_at(0) == ["Report", "Kill"]
+    assert rig.alive() == [True, True]
+    assert [e["reason"] for e in rig.events()] == ["GpuMemoryOverLimit"]
+    assert rig.agent.metrics.actions.labels("kill_skipped")._value.get() == 1
+    assert rig.agent.metrics.actions.labels("kill")._value.get() == 0

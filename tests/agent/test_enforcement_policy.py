@@ -137,6 +137,76 @@ def test_timeline(
     assert got == expected
 
 
+def loud(decisions: list[Report | Kill | Resolved]) -> list[str]:
+    """Decision kinds, with ``Report(quiet)`` for a report within the cooldown."""
+    return [
+        "Report(quiet)" if isinstance(d, Report) and d.quiet else type(d).__name__
+        for d in decisions
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cooldown_s", "timeline", "expected"),
+    [
+        pytest.param(
+            600,
+            [(0, OVER), (10, UNDER), (20, OVER), (30, UNDER), (40, OVER)],
+            [["Report"], ["Resolved"], ["Report(quiet)"], ["Resolved"], ["Report(quiet)"]],
+            id="swinging-job-reported-once",
+        ),
+        pytest.param(
+            600,
+            [(0, OVER), (10, UNDER), (599, OVER), (600, UNDER), (610, OVER), (620, UNDER)],
+            [["Report"], ["Resolved"], ["Report(quiet)"], ["Resolved"], ["Report"], ["Resolved"]],
+            id="reported-again-once-the-cooldown-is-over",
+        ),
+        pytest.param(
+            600,
+            [(0, OVER), (700, OVER), (710, UNDER), (720, OVER)],
+            [["Report"], [], ["Resolved"], ["Report"]],
+            id="cooldown-counts-from-the-report-not-the-end",
+        ),
+        pytest.param(
+            0,
+            [(0, OVER), (10, UNDER), (20, OVER)],
+            [["Report"], ["Resolved"], ["Report"]],
+            id="zero-reports-every-overrun",
+        ),
+    ],
+)
+def test_report_cooldown(
+    cooldown_s: float, timeline: list[tuple[float, int]], expected: list[list[str]]
+) -> None:
+    tracker = OverrunTracker()
+    got = [
+        loud(
+            tracker.decide(
+                snapshot(share(used)),
+                now_s=t,
+                policy="report",
+                grace_s=30,
+                cooldown_s=cooldown_s,
+            )
+        )
+        for t, used in timeline
+    ]
+    assert got == expected
+
+
+def test_cooldown_is_per_share_and_never_delays_a_kill() -> None:
+    tracker = OverrunTracker()
+
+    def at(t: float, *shares: ShareView) -> list[str]:
+        return loud(
+            tracker.decide(snapshot(*shares), now_s=t, policy="kill", grace_s=30, cooldown_s=600)
+        )
+
+    assert at(0, share(OVER)) == ["Report"]
+    assert at(10) == ["Resolved"]
+    assert at(20, share(OVER), share(OVER, pod="b")) == ["Report(quiet)", "Report"]
+    assert at(50, share(OVER), share(OVER, pod="b")) == ["Kill", "Kill"]
+
+
 def test_zero_grace_kills_at_once() -> None:
     decisions = OverrunTracker().decide(snapshot(share(OVER)), now_s=0, policy="kill", grace_s=0)
     assert kinds(decisions) == ["Report", "Kill"]
@@ -234,4 +304,44 @@ def test_event_is_events_k8s_io_v1() -> None:
     assert event["reportingController"] == "metagpu.io/agent"
     assert event["metadata"]["namespace"] == "ml"
     assert event["metadata"]["name"].startswith("train-0.")
-    assert len(event["note"]) == EVENT_NOTE_MAX
+    # The API server's limit is on UTF-8 bytes; "…" alone is 3 of them.
+    assert len(event["note"].encode("utf-8")) <= EVENT_NOTE_MAX
+    assert event["note"].endswith("…")
+    assert event["note"].startswith("x" * 1000)
+
+
+@pytest.mark.parametrize(
+    "note",
+    [
+        pytest.param("x" * 5000, id="ascii"),
+        pytest.param("é" * 5000, id="two-byte"),
+        pytest.param("x" + "€" * 5000, id="three-byte-unaligned"),
+        pytest.param("x" * 1023 + "é", id="one-byte-over"),
+    ],
+)
+def test_a_long_note_is_cut_to_the_byte_limit(note: str) -> None:
+    event = build_event(
+        PodRef("ml", "train-0", "uid-1"),
+        reason="GpuMemoryOverLimit",
+        action="Report",
+        note=note,
+        reporting_instance="node-a",
+        now=dt.datetime(2026, 1, 2, tzinfo=dt.UTC),
+    )
+    raw = event["note"].encode("utf-8")  # a split character would not encode back
+    assert EVENT_NOTE_MAX - 4 < len(raw) <= EVENT_NOTE_MAX
+    assert event["note"].endswith("…")
+    assert note.startswith(event["note"][:-1])
+
+
+def test_a_note_at_the_limit_is_kept_whole() -> None:
+    note = "x" * (EVENT_NOTE_MAX - 2) + "é"  # exactly 1024 bytes
+    event = build_event(
+        PodRef("ml", "train-0", "uid-1"),
+        reason="GpuMemoryOverLimit",
+        action="Report",
+        note=note,
+        reporting_instance="node-a",
+        now=dt.datetime(2026, 1, 2, tzinfo=dt.UTC),
+    )
+    assert event["note"] == note

@@ -45,7 +45,7 @@ def who(pid: int, uid: int, proc_root: Path, index: PodIndex, **kw: object) -> C
         uid,
         proc_root=proc_root,
         lookup=index.lookup,
-        agent_container=kw.get("agent_container"),  # type: ignore[arg-type]
+        agent_cgroup=kw.get("agent_cgroup"),  # type: ignore[arg-type]
         node_name="node-a",
         pods_problem=kw.get("pods_problem"),  # type: ignore[arg-type]
     )
@@ -68,13 +68,28 @@ def test_host_root_sees_the_node(tmp_path: Path, index: PodIndex) -> None:
 
 def test_agent_container_root_sees_the_node(tmp_path: Path, index: PodIndex) -> None:
     agent = container_id("metagpu/agent")
+    agent_cgroup = f"/kubepods/besteffort/pod1/{agent}"
     (tmp_path / "700").mkdir()
-    (tmp_path / "700" / "cgroup").write_text(f"0::/kubepods/besteffort/pod1/{agent}\n")
-    caller = who(700, 0, tmp_path, index, agent_container=agent)
+    (tmp_path / "700" / "cgroup").write_text(f"0::{agent_cgroup}\n")
+    caller = who(700, 0, tmp_path, index, agent_cgroup=agent_cgroup)
     assert caller.scope == "node"
     assert caller.via == "agent container"
     with pytest.raises(CallerRefusedError):  # same container, not root
-        who(700, 1000, tmp_path, index, agent_container=agent)
+        who(700, 1000, tmp_path, index, agent_cgroup=agent_cgroup)
+
+
+def test_a_sub_cgroup_named_after_the_agent_container_is_not_the_agent(
+    tmp_path: Path, index: PodIndex
+) -> None:
+    # Root in some other container creates a sub-cgroup named after the agent's
+    # container ID; with no outer container known, the innermost ID is picked. It
+    # must not get the agent container's node scope: only the very cgroup does.
+    agent = container_id("metagpu/agent")
+    stranger = container_id("elsewhere/x")
+    (tmp_path / "701").mkdir()
+    (tmp_path / "701" / "cgroup").write_text(f"0::/kubepods/besteffort/pod9/{stranger}/{agent}\n")
+    with pytest.raises(CallerRefusedError, match="not a container of any pod on node node-a"):
+        who(701, 0, tmp_path, index, agent_cgroup=f"/kubepods/besteffort/pod1/{agent}")
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
+from certs.kube import open_api_client
 from plugin.agent import pods as pods_module
 from plugin.agent.containers import PodIndex
-from plugin.agent.kube import open_api_client
 from plugin.agent.pods import PodWatcher, WatchExpiredError
 from tests.agent.builders import pod, ref
 from tests.agent.helpers import eventually
@@ -20,11 +20,8 @@ from tests.harness.kube_api import FakeKubeApi
 
 @pytest.fixture
 async def api(kube_config_env: Path) -> AsyncIterator[client.ApiClient]:
-    api = await open_api_client()
-    try:
+    async with open_api_client() as (api, _source):
         yield api
-    finally:
-        await api.close()
 
 
 async def test_indexes_only_this_nodes_pods_and_follows_changes(
@@ -86,6 +83,36 @@ async def test_forbidden_is_reported_then_recovers(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_failed_watch_that_resumes_is_healthy_again(
+    kube_api: tuple[FakeKubeApi, str], api: client.ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pods_module, "WATCH_TIMEOUT_S", 1)
+    fake, _ = kube_api
+    fake.put(pod("a", node="node-a"))
+    watcher = PodWatcher(api, node_name="node-a", index=PodIndex())
+    errors: list[str | None] = []
+    original = watcher._watch
+
+    async def watch(resource_version: str) -> str:
+        errors.append(watcher.error)
+        return await original(resource_version)
+
+    monkeypatch.setattr(watcher, "_watch", watch)
+    fake.fail_next("watch", "pods", status=500, reason="InternalError", message="etcd is down")
+    task = asyncio.create_task(watcher.run())
+    try:
+        await eventually(lambda: len(errors) >= 3, what="a failed watch, then two more")
+        assert "etcd is down" in (errors[1] or "")  # the second watch follows the failure
+        assert watcher.error is None  # the resumed watch is healthy: not stale any more
+        assert watcher._backoff_s == pods_module.BACKOFF_INITIAL_S
+        fake.put(pod("b", node="node-a"))
+        await eventually(lambda: watcher.index.knows(ref("b").container_id), what="pod b")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert [r.verb for r in fake.requests].count("list") == 1  # resumed, never re-listed
 
 
 async def test_compacted_resource_version_is_expired(

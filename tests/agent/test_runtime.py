@@ -165,11 +165,13 @@ async def test_agent_end_to_end(env: Env) -> None:
             )
             assert label_patches(env.fake) == patches + 1
 
-            # the overrun was reported on pod a, once
-            events = env.fake.objects("events.k8s.io/v1", "Event", "ml")
-            assert [(e["reason"], e["regarding"]["name"]) for e in events] == [
-                ("GpuMemoryOverLimit", "a")
-            ]
+            # the overrun was reported on pod a, once (Events are written in the background)
+            def events() -> list[tuple[str, str]]:
+                found = env.fake.objects("events.k8s.io/v1", "Event", "ml")
+                return [(e["reason"], e["regarding"]["name"]) for e in found]
+
+            await eventually(lambda: events() != [], what="the Event is written")
+            assert events() == [("GpuMemoryOverLimit", "a")]
 
             # metrics over HTTP
             url = f"http://127.0.0.1:{rt.metrics_port}/metrics"
@@ -237,7 +239,7 @@ async def test_restart_reads_allocations_with_nothing_kept(env: Env) -> None:
 async def test_degrades_without_kubelet_and_api(env: Env) -> None:
     env.write_gpus([])
     env.fake.forbid("list", "pods")  # RBAC missing
-    env.fake.forbid("get", "nodes")
+    env.fake.forbid("patch", "nodes")
     async with AgentRuntime(env.config()) as rt:
         result = await rt.agent.next_cycle()
         assert {"podresources", "pods"} <= result.snapshot.stale

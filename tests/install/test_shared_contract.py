@@ -23,6 +23,7 @@ from tests.install.chart import (
     load_rendered_config,
     render,
     scenario_params,
+    template_error,
 )
 
 
@@ -158,8 +159,9 @@ def test_config_paths_are_what_the_plugin_pod_mounts(values: Obj) -> None:
     assert str(plugin.device_plugins_dir) == mount["mountPath"]
     assert not mount.get("readOnly")
     assert volumes["device-plugins"]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
-    # The agent socket dir: the plugin hands its *host* path to the kubelet, so
-    # it must be mounted at the same path; the agent writes it, the plugin reads.
+    # The agent socket dir: the plugin hands its *host* path to the kubelet (the
+    # agent's socket_dir), so the agent must write it at that same path. The
+    # plugin itself never opens it, so it does not mount it.
     socket_dir = str(plugin.agent.socket_dir)
     assert volumes["agent-socket-dir"]["hostPath"] == {
         "path": socket_dir,
@@ -167,8 +169,8 @@ def test_config_paths_are_what_the_plugin_pod_mounts(values: Obj) -> None:
     }
     assert mount_of("agent", "agent-socket-dir")["mountPath"] == socket_dir
     assert not mount_of("agent", "agent-socket-dir").get("readOnly")
-    assert mount_of("device-plugin", "agent-socket-dir")["mountPath"] == socket_dir
-    assert mount_of("device-plugin", "agent-socket-dir")["readOnly"] is True
+    plugin_mounts = {m["name"] for m in container(pod, "device-plugin")["volumeMounts"]}
+    assert "agent-socket-dir" not in plugin_mounts
     # The kubelet's pod-resources socket, for the agent.
     mount = mount_of("agent", "pod-resources")
     assert str(plugin.agent.pod_resources_socket).startswith(mount["mountPath"] + "/")
@@ -225,13 +227,60 @@ def test_agent_metrics_port_is_the_container_port_and_the_service_port() -> None
     assert service["spec"]["clusterIP"] == "None"
 
 
+@pytest.mark.parametrize(
+    ("host", "agent_listen", "webhook_listen"),
+    [
+        pytest.param(None, "0.0.0.0:9400", "0.0.0.0:8443", id="default-ipv4"),
+        pytest.param("::", "[::]:9400", "[::]:8443", id="ipv6-only-cluster"),
+        pytest.param("fd00::7", "[fd00::7]:9400", "[fd00::7]:8443", id="one-ipv6-address"),
+    ],
+)
+def test_listen_hosts_reach_both_components(
+    host: str | None, agent_listen: str, webhook_listen: str
+) -> None:
+    values: Obj = {}
+    if host is not None:
+        values = {"agent": {"metricsHost": host}, "webhook": {"listenHost": host}}
+    webhook, plugin, objects = configs(values)
+    assert plugin.agent.metrics_listen == agent_listen
+    args = container(
+        component(objects, "Deployment", "webhook")["spec"]["template"]["spec"], "webhook"
+    )["args"]
+    assert flag(args, "--listen") == webhook_listen
+    # ...and the webhook's own model accepts what the chart passes on its command line.
+    from webhook.config import split_listen
+
+    assert split_listen(webhook_listen)[1] == 8443
+    assert webhook.version == "v1"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({"agent": {"metricsHost": "every-interface"}}, id="agent-name"),
+        pytest.param({"webhook": {"listenHost": "[::]"}}, id="webhook-brackets"),
+        pytest.param({"agent": {"extraConfig": {"metrics_listen": "[::]:9400"}}}, id="extra"),
+    ],
+)
+def test_bad_listen_hosts_fail_the_install(values: Obj) -> None:
+    message = template_error(values)
+    assert "metricsHost" in message or "listenHost" in message or "metrics_listen" in message
+
+
 def test_agent_node_name_comes_from_the_downward_api() -> None:
     from plugin.api.config import ENV_PREFIX
 
-    agent = container(plugin_pod(render()), "agent")
-    env = {e["name"]: e for e in agent["env"]}
-    for name in ("NODE_NAME", f"{ENV_PREFIX}AGENT__NODE_NAME"):
-        assert env[name]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    pod = plugin_pod(render())
+    env = {e["name"]: e for e in container(pod, "agent")["env"]}
+    # Once, under the config's own name (the agent also reads NODE_NAME, but two
+    # sources of one setting would only invite them to disagree).
+    assert env[f"{ENV_PREFIX}AGENT__NODE_NAME"]["valueFrom"]["fieldRef"] == {
+        "fieldPath": "spec.nodeName"
+    }
+    assert "NODE_NAME" not in env
+    # The device plugin never needs the node name.
+    plugin_env = {e["name"] for e in container(pod, "device-plugin")["env"]}
+    assert not {"NODE_NAME", f"{ENV_PREFIX}AGENT__NODE_NAME"} & plugin_env
 
 
 def test_extra_resources_are_advertised_and_known_to_the_webhook() -> None:

@@ -1,0 +1,148 @@
+"""The ValidatingAdmissionPolicy that docs/agent.md offers to narrow the agent's
+``nodes patch``: its CEL, taken from the document, admits exactly the label
+changes the agent makes and nothing else (evaluated with cel-python, with
+``has()`` as strict as cel-go's)."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+from celpy.adapter import json_to_cel
+
+from tests.install.cel import compile_condition
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "agent.md"
+AGENT = "system:serviceaccount:metagpu:metagpu-plugin"
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def policy() -> dict[str, Any]:
+    blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
+    for block in blocks:
+        for doc in yaml.safe_load_all(block):
+            if isinstance(doc, dict) and doc.get("kind") == "ValidatingAdmissionPolicy":
+                return doc
+    raise AssertionError("docs/agent.md has no ValidatingAdmissionPolicy")
+
+
+def _run(expression: str, activation: dict[str, Any]) -> Any:
+    result = compile_condition(expression).evaluate(activation)
+    assert not isinstance(result, celpy.evaluation.CELEvalError), f"{expression}: {result!r}"
+    return result
+
+
+def admitted(request: dict[str, Any]) -> list[str]:
+    """The messages of the validations ``request`` fails ([] = admitted), or ["not matched"]."""
+    spec = policy()["spec"]
+    activation: dict[str, Any] = {
+        "object": json_to_cel(request["object"]),
+        "oldObject": json_to_cel(request["oldObject"]),
+        "request": json_to_cel(request),
+    }
+    if not all(_run(c["expression"], activation) for c in spec["matchConditions"]):
+        return ["not matched"]
+    variables = {v["name"]: _run(v["expression"], activation) for v in spec["variables"]}
+    activation["variables"] = celpy.celtypes.MapType(
+        {celpy.celtypes.StringType(k): v for k, v in variables.items()}
+    )
+    return [v["message"] for v in spec["validations"] if not _run(v["expression"], activation)]
+
+
+def node(labels: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "node-a"}
+    if labels is not None:
+        metadata["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Node", "metadata": metadata, "spec": {}, **extra}
+
+
+def review(
+    old: dict[str, Any],
+    new: dict[str, Any],
+    *,
+    user: str = AGENT,
+    node_name: str | None = "node-a",
+) -> dict[str, Any]:
+    extra = {NODE_CLAIM: [node_name]} if node_name else {}
+    return {
+        "operation": "UPDATE",
+        "userInfo": {"username": user, "extra": extra},
+        "object": new,
+        "oldObject": old,
+    }
+
+
+BASE = {"kubernetes.io/hostname": "node-a", "metagpu.io/gpu-count": "2"}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "kw", "expected"),
+    [
+        pytest.param(
+            node(BASE),
+            node({**BASE, "metagpu.io/largest-free-units": "40"}),
+            {},
+            [],
+            id="agent-sets-its-label",
+        ),
+        pytest.param(
+            node(BASE),
+            node({"kubernetes.io/hostname": "node-a"}),
+            {},
+            [],
+            id="agent-removes-its-label",
+        ),
+        pytest.param(node(None), node({"metagpu.io/gpu-count": "0"}), {}, [], id="no-labels-yet"),
+        pytest.param(
+            node(BASE),
+            node({**BASE, "team": "ml"}),
+            {},
+            ["the metagpu agent may change only metagpu.io/* labels"],
+            id="adds-another-label",
+        ),
+        pytest.param(
+            node(BASE),
+            node({"metagpu.io/gpu-count": "2"}),
+            {},
+            ["the metagpu agent may change only metagpu.io/* labels"],
+            id="removes-another-label",
+        ),
+        pytest.param(
+            node(BASE),
+            node(BASE, spec={"unschedulable": True}),
+            {},
+            ["the metagpu agent may not change a Node's spec or annotations"],
+            id="cordons",
+        ),
+        pytest.param(
+            node(BASE),
+            node({**BASE, "metagpu.io/gpu-count": "3"}),
+            {"node_name": "node-b"},
+            ["the metagpu agent may change only the Node it runs on"],
+            id="another-nodes-agent",
+        ),
+        pytest.param(
+            node(BASE),
+            node({**BASE, "metagpu.io/gpu-count": "3"}),
+            {"node_name": None},
+            ["the metagpu agent may change only the Node it runs on"],
+            id="token-without-node-claim",
+        ),
+        pytest.param(
+            node(BASE),
+            node({**BASE, "team": "ml"}, spec={"unschedulable": True}),
+            {"user": "system:admin"},
+            ["not matched"],
+            id="someone-else-is-not-judged",
+        ),
+    ],
+)
+def test_the_documented_policy(
+    old: dict[str, Any], new: dict[str, Any], kw: dict[str, Any], expected: list[str]
+) -> None:
+    assert admitted(review(copy.deepcopy(old), copy.deepcopy(new), **kw)) == expected
