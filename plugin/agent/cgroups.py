@@ -190,6 +190,20 @@ class ProcessGoneError(LookupError):
     """The process exited before its cgroup could be read."""
 
 
+def read_proc_text(path: Path, *, pid: int, unreadable: type[Exception]) -> str:
+    """The text of one file under ``/proc/<pid>/``.
+
+    A missing file means the process exited (:class:`ProcessGoneError`); any
+    other read error is raised as ``unreadable``, naming the file.
+    """
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except (FileNotFoundError, ProcessLookupError) as exc:
+        raise ProcessGoneError(f"process {pid} is gone (no {path})") from exc
+    except OSError as exc:
+        raise unreadable(f"cannot read {path}: {exc}") from exc
+
+
 def read_process_cgroup(pid: int, *, proc_root: Path) -> ProcessCgroup:
     """Read and parse ``<proc_root>/<pid>/cgroup``.
 
@@ -197,12 +211,7 @@ def read_process_cgroup(pid: int, *, proc_root: Path) -> ProcessCgroup:
     :class:`CgroupFormatError` when the file is unreadable or malformed.
     """
     path = proc_root / str(pid) / "cgroup"
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except (FileNotFoundError, ProcessLookupError) as exc:
-        raise ProcessGoneError(f"process {pid} is gone (no {path})") from exc
-    except OSError as exc:
-        raise CgroupFormatError(f"cannot read {path}: {exc}") from exc
+    text = read_proc_text(path, pid=pid, unreadable=CgroupFormatError)
     try:
         return parse_cgroup_file(text)
     except CgroupFormatError as exc:

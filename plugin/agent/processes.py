@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from plugin.agent.cgroups import ProcessGoneError
+from plugin.agent.cgroups import ProcessGoneError, read_proc_text
 
 PinnedBy = Literal["pidfd", "start-time"]
 
@@ -81,13 +81,7 @@ def read_proc_stat(pid: int, *, proc_root: Path) -> ProcStat:
 
     Raises :class:`ProcessGoneError` or :class:`ProcStatError`.
     """
-    path = proc_root / str(pid) / "stat"
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except (FileNotFoundError, ProcessLookupError) as exc:
-        raise ProcessGoneError(f"process {pid} is gone (no {path})") from exc
-    except OSError as exc:
-        raise ProcStatError(f"cannot read {path}: {exc}") from exc
+    text = read_proc_text(proc_root / str(pid) / "stat", pid=pid, unreadable=ProcStatError)
     return parse_proc_stat(text)
 
 
