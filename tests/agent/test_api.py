@@ -40,7 +40,7 @@ from tests.agent.builders import (
     reading,
     ref,
 )
-from tests.agent.helpers import run_mgctl
+from tests.agent.helpers import MGCTL_RUNNER, run_mgctl
 
 R = "cnvrg.io/metagpu"
 U0 = gpu_uuid(0)
@@ -307,6 +307,46 @@ async def test_before_the_first_reading(node: Node) -> None:
     code, _, err = await node.mgctl_as(node.in_container(ref("a")), "get", "processes")
     assert code == 1
     assert "has not finished its first reading yet" in err
+
+
+async def test_watch_streams_documents_and_rides_out_a_missing_reading(node: Node) -> None:
+    """``--watch -o json`` prints one document per refresh (JSON Lines); a refresh the
+    agent cannot answer yet goes to stderr and the watch carries on; Ctrl-C exits 0."""
+    reading_ = node.snapshot
+    node.snapshot = None
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        MGCTL_RUNNER,
+        "-",
+        str(node.mgctl),
+        *("get", "processes", "-o", "json", "--watch", "--interval", "0.05"),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={"PATH": os.environ.get("PATH", ""), ENV_AGENT_SOCKET: str(node.socket)},
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    try:
+        place_in_container(node.proc_root, proc.pid, ref("a"))
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+        problem = await asyncio.wait_for(proc.stderr.readline(), 30)
+        assert b"has not finished its first reading yet" in problem
+        node.snapshot = reading_
+        docs = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 30)) for _ in range(2)]
+        for doc in docs:
+            assert [p["pid"] for p in doc["items"]] == [node.pid("a")]
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 @pytest.mark.parametrize(
