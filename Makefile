@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(TOOLS)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .DEFAULT_GOAL := help
 .PHONY: help setup tools run test unit lint fmt mypy imports proto check-proto bench \
-        chart-lint manifests check-manifests hadolint image test-e2e clean
+        chart-lint manifests check-manifests hadolint image clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -79,9 +79,6 @@ hadolint: setup ## lint the Dockerfile
 
 image: ## build the image (needs a container engine, which CI machines here lack)
 	docker build -t metagpu:dev .
-
-test-e2e: setup tools ## end-to-end tests against a kind cluster (not run in CI here)
-	$(PY) -m pytest -m e2e --e2e tests/e2e
 
 clean: ## remove the virtualenv, tools and caches
 	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -26,19 +26,6 @@ A copy of ``../shared/fixtures/admission`` so a fresh clone is self-contained;
 UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the NUL
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--e2e", action="store_true", help="run end-to-end tests (need kind)")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--e2e"):
-        return
-    skip = pytest.mark.skip(reason="end-to-end: run with --e2e against a kind cluster")
-    for item in items:
-        if "e2e" in item.keywords:
-            item.add_marker(skip)
-
-
 def load_admission_fixture(name: str) -> dict[str, Any]:
     """One captured AdmissionReview request body, parsed."""
     data: dict[str, Any] = json.loads((ADMISSION_FIXTURES / name).read_text())
