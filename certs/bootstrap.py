@@ -26,8 +26,22 @@ The rules, in the order they are checked:
   names different from the ones asked for, a different key algorithm than
   asked for, due for renewal, or asked (``--force``).
 
-:func:`plan_ca_bundle` decides which webhooks of a MutatingWebhookConfiguration
-need their ``caBundle`` patched, and builds the patch.
+:func:`choose_ca_bundle` decides what the webhooks' ``caBundle`` must hold
+(``ca.crt``, plus the CAs it replaced while their overlap lasts), and
+:func:`plan_ca_bundle` which webhooks of a MutatingWebhookConfiguration need
+it patched, and builds the patch.
+
+**Replacing a CA drops nothing.** Webhook pods serve the old serving
+certificate until the kubelet refreshes the mounted Secret (60-90 s), so the
+API server must trust the old and the new CA for a while. Bootstrap patches a
+caBundle of *new CA + every certificate it trusted before* before it writes the
+Secret, and records the moment on the Secret (:data:`ANNOTATION_CA_REPLACED_AT`,
+written in the same update as the new CA). Every later run keeps those extra
+certificates while ``now`` is within :data:`DEFAULT_CA_OVERLAP` of that moment,
+and removes them (with anything else that is not ``ca.crt``) after it. The
+rule reads only the Secret, the configuration and the clock, so it is
+deterministic: two runs in a row (a Helm hook, then the CronJob) cannot trim
+early, and a run with nothing to do writes nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +49,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -60,6 +74,7 @@ from certs.issue import (
     normalize_ip_address,
     should_renew,
     signed_by,
+    split_certificates,
     validity_problem,
 )
 
@@ -73,6 +88,19 @@ DEFAULT_CA_COMMON_NAME: Final = "metagpu-webhook-ca"
 
 ANNOTATION_INJECT_CA_FROM: Final = "cert-manager.io/inject-ca-from"
 """cert-manager's cainjector owns the caBundle of a configuration annotated with this."""
+
+ANNOTATION_CA_REPLACED_AT: Final = "metagpu.io/ca-replaced-at"
+"""On the Secret: when bootstrap last put a *new* CA (a new key) into it, as
+ISO 8601 UTC. Written in the same update as ``ca.crt``, so it can never
+describe another CA than the one it travels with. Renewing the CA with its
+key does not touch it: old serving certificates still verify then."""
+
+DEFAULT_CA_OVERLAP: Final = dt.timedelta(minutes=10)
+"""How long after a CA replacement the caBundle keeps trusting the CAs it
+replaced. The kubelet refreshes a mounted Secret within its sync period plus
+its cache TTL (60-90 s by default) and the webhook reloads within a second;
+ten minutes leaves a wide margin for a slow node or a busy kubelet while
+keeping a replaced (maybe compromised) CA trusted no longer than needed."""
 
 CaAction = Literal["keep", "renew", "replace"]
 LeafAction = Literal["keep", "issue"]
@@ -374,6 +402,91 @@ def plan_ca_bundle(
     if not patch["metadata"]["resourceVersion"]:
         del patch["metadata"]
     return CaBundlePlan(selected, stale, patch)
+
+
+@dataclass(frozen=True)
+class CaBundleChoice:
+    """What the caBundle must hold, and which certificates that keeps or drops."""
+
+    pem: bytes
+    """``ca.crt``, followed while the overlap lasts by the certificates it replaced."""
+    previous: tuple[CertInfo, ...] = ()
+    """Certificates trusted besides ``ca.crt``, because a CA replacement is recent."""
+    removed: tuple[CertInfo, ...] = ()
+    """Certificates in the current caBundles that ``pem`` no longer holds."""
+    unreadable: int = 0
+    """Parts of the current caBundles that are not certificates (dropped always)."""
+    overlap_until: dt.datetime | None = None
+    """When ``previous`` stops being kept; None outside an overlap."""
+
+
+def choose_ca_bundle(
+    ca_pem: bytes,
+    current: Iterable[bytes],
+    *,
+    replaced_at: dt.datetime | None,
+    now: dt.datetime,
+    overlap: dt.timedelta = DEFAULT_CA_OVERLAP,
+) -> CaBundleChoice:
+    """The caBundle for ``ca_pem`` (the Secret's ``ca.crt``), given the selected
+    webhooks' ``current`` caBundles.
+
+    Within ``overlap`` of ``replaced_at`` (either side, so a few seconds of
+    clock skew between two Jobs cannot end it early) every certificate of the
+    current caBundles stays trusted after ``ca_pem``: the webhook pods may
+    still serve a certificate one of them signed. Outside it, the caBundle is
+    ``ca_pem`` alone, so foreign or replaced CAs do not stay trusted forever.
+    Parts that are not certificates are dropped in both cases: the API server
+    cannot use them.
+    """
+    ours, _ = split_certificates(ca_pem)
+    seen = {inspect_cert(c).fingerprint_sha256 for c in ours}
+    others: list[bytes] = []
+    infos: list[CertInfo] = []
+    unreadable = 0
+    for bundle in current:
+        certs, bad = split_certificates(bundle)
+        unreadable += bad
+        for cert in certs:
+            info = inspect_cert(cert)
+            if info.fingerprint_sha256 not in seen:
+                seen.add(info.fingerprint_sha256)
+                others.append(cert)
+                infos.append(info)
+    if replaced_at is None or abs(now - replaced_at) >= overlap or not others:
+        return CaBundleChoice(ca_pem, removed=tuple(infos), unreadable=unreadable)
+    head = ca_pem if ca_pem.endswith(b"\n") else ca_pem + b"\n"
+    return CaBundleChoice(
+        head + b"".join(others),
+        previous=tuple(infos),
+        unreadable=unreadable,
+        overlap_until=replaced_at + overlap,
+    )
+
+
+def selected_ca_bundles(config: Mapping[str, Any], *, only: Sequence[str] = ()) -> list[bytes]:
+    """The decoded caBundles of the selected webhooks (all when ``only`` is empty);
+    absent or non-base64 ones are skipped."""
+    out = []
+    for hook in config.get("webhooks") or []:
+        if not isinstance(hook, Mapping) or (only and hook.get("name") not in only):
+            continue
+        value = _decoded((hook.get("clientConfig") or {}).get("caBundle"))
+        if value:
+            out.append(value)
+    return out
+
+
+def parse_replaced_at(value: object) -> dt.datetime | None:
+    """:data:`ANNOTATION_CA_REPLACED_AT`'s time, or None when absent or not an
+    ISO 8601 time with a zone (then no overlap applies)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else None
 
 
 def _decoded(value: object) -> bytes | None:

@@ -95,7 +95,8 @@ def add_issue_flags(parser: argparse.ArgumentParser) -> None:
         "--new-ca",
         action="store_true",
         help="replace the CA with a new key (and re-issue the serving certificate); "
-        "every caBundle changes",
+        "bootstrap keeps the old CA in the caBundle for 10 minutes, and a later run "
+        "drops it",
     )
     a.add_argument("--dry-run", action="store_true", help="decide and report, but write nothing")
     parser.add_argument(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -359,6 +360,36 @@ def inspect_cert(pem: bytes) -> CertInfo:
 def inspect_certs(pem: bytes) -> tuple[CertInfo, ...]:
     """Every certificate in a PEM bundle (a ``ca.crt`` or a served chain), in order."""
     return tuple(inspect_cert(c.public_bytes(serialization.Encoding.PEM)) for c in _load_certs(pem))
+
+
+_PEM_BLOCK: Final = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----.*?-----END \1-----", re.DOTALL)
+
+
+def split_certificates(pem: bytes) -> tuple[tuple[bytes, ...], int]:
+    """The certificates of a PEM bundle (a ``caBundle``), each as canonical PEM, and
+    how many parts of it are not certificates.
+
+    Unlike :func:`inspect_certs` this never raises: a bundle someone edited by
+    hand may hold a broken block, a private key or stray text, and the caller
+    (bootstrap, deciding what stays trusted) must still see every readable
+    certificate. Each unreadable block counts once, and so does any text
+    outside the blocks that is not whitespace.
+    """
+    found: list[bytes] = []
+    unreadable = 0
+    for match in _PEM_BLOCK.finditer(pem):
+        if match.group(1) != b"CERTIFICATE":
+            unreadable += 1
+            continue
+        try:
+            cert = x509.load_pem_x509_certificate(match.group(0))
+            with _parsing("certificate"):
+                found.append(cert.public_bytes(serialization.Encoding.PEM))
+        except (ValueError, CertError):
+            unreadable += 1
+    if _PEM_BLOCK.sub(b"", pem).strip():
+        unreadable += 1
+    return tuple(found), unreadable
 
 
 def common_name_of(pem: bytes) -> str | None:

@@ -6,12 +6,21 @@ Order, chosen so a failure leaves nothing half-applied where that is avoidable:
    cert-manager, or without the named webhooks → stop before writing anything.
 2. The Secret: read, decide (:func:`certs.bootstrap.decide_bundle`), and write
    only if something changes (create, or update with its resourceVersion).
-   When the write changes ``ca.crt`` and a configuration is managed, a
-   server-side dry-run of the caBundle patch goes first, so a missing
-   ``patch`` permission fails *before* the Secret holds a CA that the
-   configuration would never learn about.
-3. The caBundle: patch only the selected webhooks whose caBundle differs, with
-   the configuration's resourceVersion as a precondition.
+   When a configuration is managed and the write *replaces* the CA (a new
+   key), the caBundle is patched first to trust the new CA *and* every
+   certificate it trusted before (re-read just before, so the patch carries a
+   fresh resourceVersion): the webhook pods serve the old certificate until
+   the kubelet refreshes the mounted Secret, and the API server must accept
+   both meanwhile. The Secret update records the moment in
+   :data:`certs.bootstrap.ANNOTATION_CA_REPLACED_AT`. When the write only
+   *renews* the CA (same key), a server-side dry-run of the caBundle patch
+   goes first instead, so a missing ``patch`` permission fails *before* the
+   Secret holds a CA that the configuration would never learn about.
+3. The caBundle: :func:`certs.bootstrap.choose_ca_bundle` says what it must
+   hold (``ca.crt``, plus the replaced CAs while the overlap after a
+   replacement lasts); patch only the selected webhooks whose caBundle
+   differs, with the configuration's resourceVersion as a precondition. A run
+   after the overlap removes the replaced CAs, and logs what it removed.
 
 Conflicts (409: someone else wrote in between), already-exists (a concurrent
 first run) and transient failures (timeouts, 429, 5xx) re-read and retry, at
@@ -32,15 +41,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, TypeVar
 
 from certs.bootstrap import (
+    ANNOTATION_CA_REPLACED_AT,
     BUNDLE_KEYS,
     CA_CERT_KEY,
+    DEFAULT_CA_OVERLAP,
     TLS_CERT_KEY,
     BootstrapError,
     BundleDecision,
+    CaBundleChoice,
     IssuePolicy,
+    choose_ca_bundle,
     decide_bundle,
+    parse_replaced_at,
     plan_ca_bundle,
     render_bundle,
+    selected_ca_bundles,
 )
 from certs.cluster import (
     ApiAlreadyExistsError,
@@ -114,6 +129,8 @@ class BootstrapResult:
     """Webhooks whose caBundle was (or would be) patched."""
     webhooks_in_sync: tuple[str, ...] = ()
     """Selected webhooks whose caBundle already matched."""
+    ca_bundle: CaBundleChoice | None = None
+    """What the caBundle holds (or would hold) besides ``ca.crt``, and what was removed."""
     dry_run: bool = False
 
     @property
@@ -149,7 +166,31 @@ class BootstrapResult:
                     f'mutatingwebhookconfigurations "{t.webhook_config}": caBundle already '
                     f"matches in {', '.join(self.webhooks_in_sync)}"
                 )
+            lines += self._ca_bundle_lines()
         return "\n".join(lines)
+
+    def _ca_bundle_lines(self) -> list[str]:
+        choice = self.ca_bundle
+        if choice is None:
+            return []
+        lines = []
+        if choice.previous and choice.overlap_until is not None:
+            lines.append(
+                "  caBundle also trusts, while webhook pods pick up the new CA: "
+                + "; ".join(_cert_ref(c) for c in choice.previous)
+                + f" — the first run after {iso_utc(choice.overlap_until)} removes them"
+            )
+        removed = "would be removed" if self.dry_run else "removed"
+        if choice.removed:
+            lines.append(
+                f"  caBundle: {removed} (not the Secret's CA): "
+                + "; ".join(_cert_ref(c) for c in choice.removed)
+            )
+        if choice.unreadable:
+            lines.append(
+                f"  caBundle: {removed} {choice.unreadable} part(s) that are not certificates"
+            )
+        return lines
 
     def to_json(self) -> dict[str, Any]:
         """The same facts for scripts (``-o json``)."""
@@ -173,6 +214,7 @@ class BootstrapResult:
                 "name": self.target.webhook_config,
                 "patched": list(self.patched_webhooks),
                 "inSync": list(self.webhooks_in_sync),
+                **_ca_bundle_json(self.ca_bundle),
             },
         }
 
@@ -187,7 +229,20 @@ class _Options:
     retry: RetryPolicy
     sleep: Callable[[float], Awaitable[None]]
     new_key: Callable[[KeyAlgorithm], PrivateKey]
+    ca_overlap: dt.timedelta
     webhook_config: Obj | None = field(default=None)
+
+
+@dataclass(frozen=True)
+class _SecretOutcome:
+    decision: BundleDecision
+    action: SecretAction
+    data: dict[str, bytes]
+    now: dt.datetime
+    replaced_at: dt.datetime | None
+    """The Secret's :data:`ANNOTATION_CA_REPLACED_AT` after this run (or the one it would have)."""
+    patched: tuple[str, ...] = ()
+    """Webhooks whose caBundle was patched before the Secret was written."""
 
 
 async def run_bootstrap(
@@ -202,22 +257,36 @@ async def run_bootstrap(
     retry: RetryPolicy | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     new_key: Callable[[KeyAlgorithm], PrivateKey] = new_private_key,
+    ca_overlap: dt.timedelta = DEFAULT_CA_OVERLAP,
 ) -> BootstrapResult:
-    """Ensure the Secret, then the caBundle; see the module docstring for the order."""
+    """Ensure the Secret, then the caBundle; see the module docstring for the order.
+
+    ``ca_overlap``: how long after a CA replacement the caBundle keeps the
+    replaced CAs (see :data:`certs.bootstrap.DEFAULT_CA_OVERLAP`).
+    """
     opts = _Options(
-        policy, clock, force_leaf, new_ca, dry_run, retry or RetryPolicy(), sleep, new_key
+        policy,
+        clock,
+        force_leaf,
+        new_ca,
+        dry_run,
+        retry or RetryPolicy(),
+        sleep,
+        new_key,
+        ca_overlap,
     )
     if target.webhook_config is not None:
         opts.webhook_config = await _with_retries(
             opts, f"read {target.webhook_config}", lambda: _read_webhook_config(api, target)
         )
-    decision, action, data = await _with_retries(
+    outcome = await _with_retries(
         opts, f"ensure secret {target.secret}", lambda: _ensure_secret(api, target, opts)
     )
+    data = outcome.data
     result = BootstrapResult(
         target=target,
-        decision=decision,
-        secret_action=action,
+        decision=outcome.decision,
+        secret_action=outcome.action,
         ca=inspect_cert(data[CA_CERT_KEY]),
         leaf=inspect_cert(data[TLS_CERT_KEY]),
         dry_run=dry_run,
@@ -226,24 +295,29 @@ async def run_bootstrap(
         return result
     first = True
 
-    async def patch_once() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    async def patch_once() -> tuple[tuple[str, ...], tuple[str, ...], CaBundleChoice]:
         nonlocal first
         config = opts.webhook_config
         if config is None or not first:
             config = await _read_webhook_config(api, target)
         first = False
-        return await _ensure_ca_bundle(api, target, config, data[CA_CERT_KEY], dry_run=dry_run)
+        return await _ensure_ca_bundle(api, target, config, outcome, opts)
 
-    patched, in_sync = await _with_retries(
+    patched, in_sync, choice = await _with_retries(
         opts, f"patch caBundle of {target.webhook_config}", patch_once
     )
-    return replace(result, patched_webhooks=patched, webhooks_in_sync=in_sync)
+    return replace(
+        result,
+        patched_webhooks=tuple(dict.fromkeys((*outcome.patched, *patched))),
+        webhooks_in_sync=tuple(n for n in in_sync if n not in outcome.patched),
+        ca_bundle=choice,
+    )
 
 
 # --------------------------------------------------------------- the Secret
 async def _ensure_secret(
     api: ClusterApi, target: BootstrapTarget, opts: _Options
-) -> tuple[BundleDecision, SecretAction, dict[str, bytes]]:
+) -> _SecretOutcome:
     ref = {"namespace": target.namespace, "secret": target.secret}
     secret = await api.get_secret(target.namespace, target.secret)
     if secret is not None:
@@ -253,10 +327,12 @@ async def _ensure_secret(
     decision = decide_bundle(
         current, policy=opts.policy, now=now, force_leaf=opts.force_leaf, new_ca=opts.new_ca
     )
+    replaced_at = _replaced_at(secret, ref)
     if not decision.changes:
         logger.info("TLS secret is up to date; nothing to write", extra=ref)
         assert current is not None
-        return decision, "unchanged", {k: current[k] for k in BUNDLE_KEYS}
+        data = {k: current[k] for k in BUNDLE_KEYS}
+        return _SecretOutcome(decision, "unchanged", data, now, replaced_at)
     if secret is not None and secret.get("immutable"):
         raise BootstrapError(
             f'secret "{target.secret}" in namespace "{target.namespace}" is immutable but needs '
@@ -264,14 +340,25 @@ async def _ensure_secret(
         )
     data = render_bundle(current, decision, policy=opts.policy, now=now, new_key=opts.new_key)
     action: SecretAction = "created" if secret is None else "updated"
+    annotations: dict[str, str] = {}
+    if decision.ca == "replace":
+        replaced_at = now
+        annotations[ANNOTATION_CA_REPLACED_AT] = iso_utc(now)
+    outcome = _SecretOutcome(decision, action, data, now, replaced_at)
     if opts.dry_run:
-        return decision, action, data
-    if decision.ca_bundle_changes and opts.webhook_config is not None:
-        await _check_patch_allowed(api, target, opts.webhook_config, data[CA_CERT_KEY])
+        return outcome
+    if decision.ca == "replace" and opts.webhook_config is not None:
+        outcome = replace(outcome, patched=await _trust_new_ca_first(api, target, outcome, opts))
+    elif decision.ca_bundle_changes and opts.webhook_config is not None:
+        await _check_patch_allowed(api, target, opts.webhook_config, outcome, opts)
     if secret is None:
-        await api.create_secret(target.namespace, new_secret(target, data))
+        await api.create_secret(target.namespace, new_secret(target, data, annotations=annotations))
     else:
-        await api.replace_secret(target.namespace, target.secret, updated_secret(secret, data))
+        await api.replace_secret(
+            target.namespace,
+            target.secret,
+            updated_secret(secret, data, annotations=annotations),
+        )
     leaf = inspect_cert(data[TLS_CERT_KEY])
     logger.info(
         "TLS secret %s: %s",
@@ -284,7 +371,22 @@ async def _ensure_secret(
             "leaf_not_after": iso_utc(leaf.not_after),
         },
     )
-    return decision, action, data
+    return outcome
+
+
+def _replaced_at(secret: Obj | None, ref: Mapping[str, str]) -> dt.datetime | None:
+    annotations = ((secret or {}).get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(ANNOTATION_CA_REPLACED_AT)
+    when = parse_replaced_at(value)
+    if value is not None and when is None:
+        logger.warning(
+            "annotation %s=%r is not an ISO 8601 time with a zone; ignoring it, so the "
+            "caBundle is trimmed to the Secret's CA",
+            ANNOTATION_CA_REPLACED_AT,
+            value,
+            extra=ref,
+        )
+    return when
 
 
 def check_secret_usable(secret: Obj, target: BootstrapTarget) -> None:
@@ -325,29 +427,42 @@ def decode_secret_data(secret: Obj) -> dict[str, bytes]:
     return out
 
 
-def new_secret(target: BootstrapTarget, data: Mapping[str, bytes]) -> Obj:
+def new_secret(
+    target: BootstrapTarget,
+    data: Mapping[str, bytes],
+    *,
+    annotations: Mapping[str, str] | None = None,
+) -> Obj:
     """The Secret bootstrap creates."""
+    meta: Obj = {
+        "name": target.secret,
+        "namespace": target.namespace,
+        "labels": dict(SECRET_LABELS),
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": SECRET_TYPE_TLS,
-        "metadata": {
-            "name": target.secret,
-            "namespace": target.namespace,
-            "labels": dict(SECRET_LABELS),
-        },
+        "metadata": meta,
         "data": _encode(data),
     }
 
 
-def updated_secret(secret: Obj, data: Mapping[str, bytes]) -> Obj:
-    """``secret`` with our keys replaced; its resourceVersion makes the PUT conditional.
+def updated_secret(
+    secret: Obj, data: Mapping[str, bytes], *, annotations: Mapping[str, str] | None = None
+) -> Obj:
+    """``secret`` with our keys (and ``annotations``) set; its resourceVersion makes the
+    PUT conditional.
 
     Other keys, labels and annotations are kept. ``managedFields`` is left out
     so the API server keeps tracking field ownership itself.
     """
     body = {k: v for k, v in secret.items() if k != "stringData"}
     meta = {k: v for k, v in (secret.get("metadata") or {}).items() if k != "managedFields"}
+    if annotations:
+        meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
     body["metadata"] = meta
     body["data"] = {**(secret.get("data") or {}), **_encode(data)}
     return body
@@ -368,10 +483,53 @@ async def _read_webhook_config(api: ClusterApi, target: BootstrapTarget) -> Obj:
     return config
 
 
+def _choose(
+    config: Obj, target: BootstrapTarget, outcome: _SecretOutcome, opts: _Options
+) -> CaBundleChoice:
+    return choose_ca_bundle(
+        outcome.data[CA_CERT_KEY],
+        selected_ca_bundles(config, only=target.webhooks),
+        replaced_at=outcome.replaced_at,
+        now=outcome.now,
+        overlap=opts.ca_overlap,
+    )
+
+
+async def _trust_new_ca_first(
+    api: ClusterApi, target: BootstrapTarget, outcome: _SecretOutcome, opts: _Options
+) -> tuple[str, ...]:
+    """Patch the caBundle to the new CA + everything trusted now, before the Secret changes.
+
+    Re-reads the configuration so the patch's resourceVersion is fresh (a 409
+    here re-runs the whole Secret step, which renders yet another CA; the
+    unused one stays trusted only until the overlap ends).
+    """
+    assert target.webhook_config is not None
+    config = await _read_webhook_config(api, target)
+    choice = _choose(config, target, outcome, opts)
+    plan = plan_ca_bundle(config, choice.pem, only=target.webhooks)
+    opts.webhook_config = config
+    if plan.patch is None:
+        return ()
+    opts.webhook_config = await api.patch_webhook_config(target.webhook_config, plan.patch)
+    ref = {"webhook_config": target.webhook_config, "webhooks": ",".join(plan.stale)}
+    if choice.overlap_until is None:
+        logger.info("caBundle now trusts the new CA; writing the Secret next", extra=ref)
+    else:
+        logger.info(
+            "caBundle now trusts the new CA and, until %s, the %d certificate(s) it trusted "
+            "before; writing the Secret next",
+            iso_utc(choice.overlap_until),
+            len(choice.previous),
+            extra=ref,
+        )
+    return plan.stale
+
+
 async def _check_patch_allowed(
-    api: ClusterApi, target: BootstrapTarget, config: Obj, ca_pem: bytes
+    api: ClusterApi, target: BootstrapTarget, config: Obj, outcome: _SecretOutcome, opts: _Options
 ) -> None:
-    plan = plan_ca_bundle(config, ca_pem, only=target.webhooks)
+    plan = plan_ca_bundle(config, _choose(config, target, outcome, opts).pem, only=target.webhooks)
     if plan.patch is None or target.webhook_config is None:
         return
     patch = {k: v for k, v in plan.patch.items() if k != "metadata"}  # permission, not freshness
@@ -379,19 +537,33 @@ async def _check_patch_allowed(
 
 
 async def _ensure_ca_bundle(
-    api: ClusterApi, target: BootstrapTarget, config: Obj, ca_pem: bytes, *, dry_run: bool
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    api: ClusterApi,
+    target: BootstrapTarget,
+    config: Obj,
+    outcome: _SecretOutcome,
+    opts: _Options,
+) -> tuple[tuple[str, ...], tuple[str, ...], CaBundleChoice]:
     assert target.webhook_config is not None
-    plan = plan_ca_bundle(config, ca_pem, only=target.webhooks)
+    choice = _choose(config, target, outcome, opts)
+    plan = plan_ca_bundle(config, choice.pem, only=target.webhooks)
     in_sync = tuple(n for n in plan.selected if n not in plan.stale)
     ref = {"webhook_config": target.webhook_config}
     if plan.patch is None:
         logger.info("caBundle already matches the CA", extra={**ref, "webhooks": in_sync})
-        return (), in_sync
-    if not dry_run:
+        return (), in_sync, choice
+    if not opts.dry_run:
         await api.patch_webhook_config(target.webhook_config, plan.patch)
         logger.info("caBundle patched", extra={**ref, "webhooks": ",".join(plan.stale)})
-    return plan.stale, in_sync
+        if choice.removed or choice.unreadable:
+            logger.info(
+                "caBundle: removed %d certificate(s) that are not the Secret's CA (%s) and "
+                "%d part(s) that are not certificates",
+                len(choice.removed),
+                "; ".join(_cert_ref(c) for c in choice.removed) or "none",
+                choice.unreadable,
+                extra=ref,
+            )
+    return plan.stale, in_sync, choice
 
 
 # ------------------------------------------------------------------ retries
@@ -432,6 +604,22 @@ def cert_json(info: CertInfo) -> dict[str, Any]:
         "isCA": info.is_ca,
         "keyAlgorithm": info.key_algorithm,
         "fingerprintSHA256": info.fingerprint_sha256,
+    }
+
+
+def _cert_ref(info: CertInfo) -> str:
+    """Which certificate, for people: subject, serial, fingerprint prefix."""
+    return f"{info.subject} (serial {info.serial:x}, sha256 {info.fingerprint_sha256[:16]})"
+
+
+def _ca_bundle_json(choice: CaBundleChoice | None) -> dict[str, Any]:
+    if choice is None:
+        return {}
+    return {
+        "previousCAs": [cert_json(c) for c in choice.previous],
+        "previousCAsUntil": iso_utc(choice.overlap_until) if choice.overlap_until else None,
+        "removedCAs": [cert_json(c) for c in choice.removed],
+        "removedUnreadable": choice.unreadable,
     }
 
 

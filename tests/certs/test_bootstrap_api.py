@@ -23,8 +23,10 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 
 import certs.permissions
 from certs.bootstrap import (
+    ANNOTATION_CA_REPLACED_AT,
     CA_CERT_KEY,
     CA_KEY_KEY,
+    DEFAULT_CA_OVERLAP,
     TLS_CERT_KEY,
     TLS_KEY_KEY,
     BootstrapError,
@@ -33,7 +35,7 @@ from certs.bootstrap import (
     render_bundle,
 )
 from certs.cluster import ApiForbiddenError, Obj
-from certs.issue import inspect_cert, key_matches, verify_chain
+from certs.issue import CertPair, inspect_cert, iso_utc, key_matches, verify_chain
 from certs.kube import KubeClusterApi
 from certs.permissions import permissions_for
 from certs.reconcile import (
@@ -181,11 +183,10 @@ async def test_first_run_creates_the_secret_then_patches_every_ca_bundle(cluster
     assert key_matches(data[TLS_CERT_KEY], data[TLS_KEY_KEY])
     assert key_matches(data[CA_CERT_KEY], data[CA_KEY_KEY])
     assert cluster.ca_bundles() == dict.fromkeys(HOOKS, data[CA_CERT_KEY])
-    # Order: permission probe (dry run), the Secret, then the caBundle.
+    # Order: a new CA is trusted first (nothing was trusted before), then the Secret.
     assert cluster.writes_since(0) == [
-        ("patch", "mutatingwebhookconfigurations", 200, "All"),
-        ("create", "secrets", 201, ""),
         ("patch", "mutatingwebhookconfigurations", 200, ""),
+        ("create", "secrets", 201, ""),
     ]
     patch = [r for r in cluster.fake.requests if r.verb == "patch"][-1]
     assert patch.content_type == "application/strategic-merge-patch+json"
@@ -259,12 +260,273 @@ async def test_ca_missing_but_leaf_present_recreates_both_and_the_ca_bundle(
     assert new[TLS_CERT_KEY] != old[TLS_CERT_KEY]
     assert new[CA_CERT_KEY] != old[CA_CERT_KEY]
     verify_chain(new[TLS_CERT_KEY], new[CA_CERT_KEY], now=T0)
-    assert cluster.ca_bundles() == dict.fromkeys(HOOKS, new[CA_CERT_KEY])
+    # The old CA stays trusted: the pods still serve old[TLS_CERT_KEY] for a while.
+    assert cluster.ca_bundles() == dict.fromkeys(HOOKS, new[CA_CERT_KEY] + old[CA_CERT_KEY])
     assert cluster.writes_since(mark) == [
-        ("patch", "mutatingwebhookconfigurations", 200, "All"),
-        ("update", "secrets", 200, ""),
         ("patch", "mutatingwebhookconfigurations", 200, ""),
+        ("update", "secrets", 200, ""),
     ]
+
+
+# ---------------------------------------------------------- CA replacement
+OVERLAP = DEFAULT_CA_OVERLAP
+
+
+def lose_ca_key(cluster: Cluster) -> None:
+    secret = cluster.secret()
+    assert secret is not None
+    del secret["data"][CA_KEY_KEY]
+    cluster.fake.put(secret)
+
+
+def delete_secret(cluster: Cluster) -> None:
+    cluster.fake.remove("v1", "Secret", SECRET, NAMESPACE)
+
+
+def patched_bundles(request: Any) -> set[bytes]:
+    """The caBundles a (strategic-merge) patch request sets."""
+    return {base64.b64decode(w["clientConfig"]["caBundle"]) for w in request.body["webhooks"]}
+
+
+@pytest.mark.parametrize(
+    ("cause", "kwargs", "secret_write"),
+    [
+        pytest.param(None, {"new_ca": True}, "update", id="new-ca-flag"),
+        pytest.param(lose_ca_key, {}, "update", id="ca-key-lost"),
+        pytest.param(delete_secret, {}, "create", id="secret-deleted-pods-keep-old-files"),
+    ],
+)
+async def test_ca_replacement_trusts_new_and_old_ca_before_the_secret_is_written(
+    cluster: Cluster,
+    cause: Callable[[Cluster], None] | None,
+    kwargs: dict[str, Any],
+    secret_write: str,
+) -> None:
+    await cluster.bootstrap()
+    old = cluster.data()
+    if cause is not None:
+        cause(cluster)
+    cluster.now = T0 + dt.timedelta(days=1)
+    mark = cluster.mark()
+    result = await cluster.bootstrap(**kwargs)
+    new = cluster.data()
+    assert result.decision.ca == "replace"
+    assert new[CA_CERT_KEY] != old[CA_CERT_KEY]
+    both = new[CA_CERT_KEY] + old[CA_CERT_KEY]
+    # The patch that makes the API server trust both goes out BEFORE the Secret changes,
+    # and it is the only caBundle write: the Secret write needs nothing after it.
+    writes = [r for r in cluster.fake.requests[mark:] if r.verb in ("patch", "create", "update")]
+    assert [(r.verb, r.resource, r.status) for r in writes] == [
+        ("patch", "mutatingwebhookconfigurations", 200),
+        (secret_write, "secrets", 201 if secret_write == "create" else 200),
+    ]
+    assert "dryRun" not in writes[0].query
+    assert patched_bundles(writes[0]) == {both}
+    assert writes[0].body["metadata"]["resourceVersion"]
+    assert cluster.ca_bundles() == dict.fromkeys(HOOKS, both)
+    assert result.patched_webhooks == HOOKS
+    # The API server accepts the leaf the pods still serve AND the one they will load.
+    verify_chain(old[TLS_CERT_KEY], both, now=cluster.now)
+    verify_chain(new[TLS_CERT_KEY], both, now=cluster.now)
+    secret = cluster.secret()
+    assert secret is not None
+    assert secret["metadata"]["annotations"][ANNOTATION_CA_REPLACED_AT] == iso_utc(cluster.now)
+    assert result.ca_bundle is not None
+    assert [c.fingerprint_sha256 for c in result.ca_bundle.previous] == [
+        inspect_cert(old[CA_CERT_KEY]).fingerprint_sha256
+    ]
+    assert result.ca_bundle.overlap_until == cluster.now + OVERLAP
+    assert "the first run after" in result.summary()
+
+
+@pytest.mark.parametrize(
+    ("after", "trimmed"),
+    [
+        pytest.param(dt.timedelta(0), False, id="immediately"),
+        pytest.param(OVERLAP - dt.timedelta(seconds=1), False, id="one-second-before-overlap-ends"),
+        pytest.param(-dt.timedelta(seconds=30), False, id="clock-of-next-job-30s-behind"),
+        pytest.param(OVERLAP, True, id="overlap-over"),
+        pytest.param(dt.timedelta(days=1), True, id="next-day-cronjob"),
+    ],
+)
+async def test_replaced_ca_is_kept_until_the_overlap_ends_then_trimmed_once(
+    cluster: Cluster, after: dt.timedelta, trimmed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    await cluster.bootstrap()
+    old = cluster.data()
+    await cluster.bootstrap(new_ca=True)
+    new = cluster.data()
+    replaced = cluster.now
+    cluster.now = replaced + after
+    caplog.set_level(logging.INFO, logger="certs.reconcile")
+    mark = cluster.mark()
+    result = await cluster.bootstrap()  # the post-upgrade hook, then the CronJob
+    assert result.secret_action == "unchanged"
+    if not trimmed:
+        assert cluster.writes_since(mark) == []
+        assert cluster.ca_bundles() == dict.fromkeys(HOOKS, new[CA_CERT_KEY] + old[CA_CERT_KEY])
+        return
+    assert cluster.writes_since(mark) == [("patch", "mutatingwebhookconfigurations", 200, "")]
+    assert cluster.ca_bundles() == dict.fromkeys(HOOKS, new[CA_CERT_KEY])
+    old_ca = inspect_cert(old[CA_CERT_KEY])
+    assert result.ca_bundle is not None
+    assert [c.serial for c in result.ca_bundle.removed] == [old_ca.serial]
+    assert f"serial {old_ca.serial:x}" in caplog.text  # the log says what left the caBundle
+    assert "removed (not the Secret's CA)" in result.summary()
+    # Trimmed once; the run after writes nothing.
+    mark = cluster.mark()
+    again = await cluster.bootstrap()
+    assert cluster.writes_since(mark) == []
+    assert not again.changed
+
+
+async def test_two_replacements_within_the_overlap_keep_every_ca_the_pods_may_serve(
+    cluster: Cluster,
+) -> None:
+    await cluster.bootstrap()
+    first = cluster.data()[CA_CERT_KEY]
+    await cluster.bootstrap(new_ca=True)
+    second = cluster.data()[CA_CERT_KEY]
+    cluster.now = T0 + dt.timedelta(minutes=1)  # pods may still serve a leaf of the first CA
+    await cluster.bootstrap(new_ca=True)
+    third = cluster.data()[CA_CERT_KEY]
+    assert cluster.ca_bundles() == dict.fromkeys(HOOKS, third + second + first)
+    cluster.now += OVERLAP
+    await cluster.bootstrap()
+    assert cluster.ca_bundles() == dict.fromkeys(HOOKS, third)
+
+
+async def test_secret_only_replacement_then_the_post_hook_still_keeps_the_old_ca(
+    cluster: Cluster,
+) -> None:
+    """The chart's pre-upgrade hook has no --webhook-config; the post-upgrade hook must
+    not finish the job by dropping the CA the pods still serve."""
+    await cluster.bootstrap()
+    old = cluster.data()
+    lose_ca_key(cluster)
+    await cluster.bootstrap(SECRET_ONLY)
+    new = cluster.data()
+    assert new[CA_CERT_KEY] != old[CA_CERT_KEY]
+    assert cluster.ca_bundles() == dict.fromkeys(HOOKS, old[CA_CERT_KEY])  # not touched yet
+    cluster.now = T0 + dt.timedelta(minutes=2)
+    result = await cluster.bootstrap()
+    assert result.patched_webhooks == HOOKS
+    assert cluster.ca_bundles() == dict.fromkeys(HOOKS, new[CA_CERT_KEY] + old[CA_CERT_KEY])
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        pytest.param(dt.timedelta(minutes=1), id="during-the-overlap"),
+        pytest.param(dt.timedelta(days=300), id="long-after"),
+    ],
+)
+async def test_a_leaf_renewal_leaves_the_ca_bundle_and_the_replacement_time_alone(
+    cluster: Cluster, offset: dt.timedelta
+) -> None:
+    await cluster.bootstrap()
+    await cluster.bootstrap(new_ca=True)
+    before = cluster.ca_bundles()
+    secret = cluster.secret()
+    assert secret is not None
+    stamp = secret["metadata"]["annotations"][ANNOTATION_CA_REPLACED_AT]
+    if offset > OVERLAP:
+        cluster.now = T0 + OVERLAP
+        await cluster.bootstrap()  # the overlap's trim, done before the renewal
+        before = cluster.ca_bundles()
+        assert len(set(before.values())) == 1
+    cluster.now = T0 + offset
+    mark = cluster.mark()
+    result = await cluster.bootstrap(force_leaf=True)
+    assert (result.decision.ca, result.decision.leaf) == ("keep", "issue")
+    assert cluster.writes_since(mark) == [("update", "secrets", 200, "")]
+    assert cluster.ca_bundles() == before
+    secret = cluster.secret()
+    assert secret is not None
+    assert secret["metadata"]["annotations"][ANNOTATION_CA_REPLACED_AT] == stamp
+
+
+@pytest.mark.parametrize(
+    ("offset", "kept_foreign"),
+    [
+        pytest.param(dt.timedelta(minutes=1), True, id="during-the-overlap"),
+        pytest.param(dt.timedelta(days=1), False, id="after-the-overlap"),
+    ],
+)
+async def test_junk_is_always_dropped_and_foreign_cas_only_after_the_overlap(
+    cluster: Cluster,
+    ca_pair: CertPair,
+    offset: dt.timedelta,
+    kept_foreign: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await cluster.bootstrap()
+    old = cluster.data()[CA_CERT_KEY]
+    await cluster.bootstrap(new_ca=True)
+    new = cluster.data()[CA_CERT_KEY]
+    junk = b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"
+    config = cluster.fake.get(ADMISSION, MWC, CONFIG)
+    assert config is not None
+    edited = new + old + ca_pair.cert_pem + junk  # an operator added a CA, and a broken block
+    for hook in config["webhooks"]:
+        hook["clientConfig"]["caBundle"] = base64.b64encode(edited).decode()
+    cluster.fake.put(config)
+    caplog.set_level(logging.INFO, logger="certs.reconcile")
+    cluster.now = T0 + offset
+    result = await cluster.bootstrap()
+    assert result.ca_bundle is not None
+    assert result.ca_bundle.unreadable == len(HOOKS)  # one broken block per webhook
+    if kept_foreign:
+        assert cluster.ca_bundles() == dict.fromkeys(HOOKS, new + old + ca_pair.cert_pem)
+        return
+    assert cluster.ca_bundles() == dict.fromkeys(HOOKS, new)
+    removed = {c.fingerprint_sha256 for c in result.ca_bundle.removed}
+    assert removed == {inspect_cert(p).fingerprint_sha256 for p in (old, ca_pair.cert_pem)}
+    assert "part(s) that are not certificates" in caplog.text
+
+
+async def test_a_replacement_dry_run_writes_nothing_and_reports_both_cas(
+    cluster: Cluster,
+) -> None:
+    await cluster.bootstrap()
+    mark = cluster.mark()
+    result = await cluster.bootstrap(new_ca=True, dry_run=True)
+    assert cluster.writes_since(mark) == []
+    assert result.patched_webhooks == HOOKS
+    assert result.ca_bundle is not None
+    assert len(result.ca_bundle.previous) == 1
+    assert result.to_json()["webhookConfiguration"]["previousCAsUntil"] == iso_utc(T0 + OVERLAP)
+
+
+async def test_a_conflict_on_the_first_patch_rereads_and_still_keeps_the_old_ca(
+    cluster: Cluster,
+) -> None:
+    await cluster.bootstrap()
+    old = cluster.data()[CA_CERT_KEY]
+    cluster.fake.fail_next("patch", "mutatingwebhookconfigurations")
+    mark = cluster.mark()
+    await cluster.bootstrap(new_ca=True)
+    new = cluster.data()[CA_CERT_KEY]
+    assert cluster.writes_since(mark) == [
+        ("patch", "mutatingwebhookconfigurations", 409, ""),
+        ("patch", "mutatingwebhookconfigurations", 200, ""),
+        ("update", "secrets", 200, ""),
+    ]
+    assert cluster.ca_bundles() == dict.fromkeys(HOOKS, new + old)
+
+
+async def test_an_unreadable_replacement_time_trims_like_before_and_warns(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    await cluster.bootstrap()
+    await cluster.bootstrap(new_ca=True)
+    secret = cluster.secret()
+    assert secret is not None
+    secret["metadata"]["annotations"][ANNOTATION_CA_REPLACED_AT] = "yesterday"
+    cluster.fake.put(secret)
+    await cluster.bootstrap()
+    assert cluster.ca_bundles() == dict.fromkeys(HOOKS, cluster.data()[CA_CERT_KEY])
+    assert "ca-replaced-at='yesterday' is not an ISO 8601 time" in caplog.text
 
 
 async def test_a_due_ca_is_renewed_with_its_key_and_old_leaves_still_verify(

@@ -13,15 +13,19 @@ from certs.bootstrap import (
     CA_CERT_KEY,
     CA_KEY_KEY,
     DEFAULT_CA_COMMON_NAME,
+    DEFAULT_CA_OVERLAP,
     TLS_CERT_KEY,
     TLS_KEY_KEY,
     BundleDecision,
     IssuePolicy,
     WebhookConfigError,
+    choose_ca_bundle,
     decide_bundle,
     format_duration,
+    parse_replaced_at,
     plan_ca_bundle,
     render_bundle,
+    selected_ca_bundles,
 )
 from certs.issue import (
     CertError,
@@ -32,6 +36,7 @@ from certs.issue import (
     key_matches,
     load_private_key,
     new_private_key,
+    split_certificates,
     verify_chain,
 )
 from tests.certs.conftest import SERVICE_NAMES, T0
@@ -388,3 +393,93 @@ def test_plan_refuses_configs_it_must_not_touch(
     with pytest.raises(WebhookConfigError) as err:
         plan_ca_bundle(config, CA_PEM, only=only)
     assert expected in str(err.value)
+
+
+# ------------------------------------------------- caBundle overlap after a CA replacement
+@pytest.fixture(scope="module")
+def three_cas() -> tuple[bytes, bytes, bytes]:
+    """``(current, replaced, foreign)`` CA certificates."""
+    return tuple(  # type: ignore[return-value]
+        issue_ca(key=new_private_key(), now=T0, common_name=f"ca-{i}").cert_pem for i in range(3)
+    )
+
+
+JUNK_BLOCK = b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"
+KEY_BLOCK = b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
+OVERLAP = DEFAULT_CA_OVERLAP
+
+
+@pytest.mark.parametrize(
+    ("replaced_at", "kept"),
+    [
+        pytest.param(None, False, id="no-replacement-recorded"),
+        pytest.param(T0, True, id="just-replaced"),
+        pytest.param(T0 - OVERLAP + dt.timedelta(seconds=1), True, id="last-second-of-overlap"),
+        pytest.param(T0 - OVERLAP, False, id="overlap-over"),
+        pytest.param(T0 + dt.timedelta(seconds=30), True, id="replaced-by-a-clock-30s-ahead"),
+        pytest.param(T0 + OVERLAP, False, id="replaced-at-far-in-the-future"),
+    ],
+)
+def test_choose_ca_bundle_keeps_replaced_cas_only_within_the_overlap(
+    three_cas: tuple[bytes, bytes, bytes], replaced_at: dt.datetime | None, kept: bool
+) -> None:
+    current, replaced, foreign = three_cas
+    bundles = [replaced + foreign + JUNK_BLOCK, current + replaced, KEY_BLOCK + b"stray text"]
+    choice = choose_ca_bundle(current, bundles, replaced_at=replaced_at, now=T0)
+    others = [inspect_cert(replaced), inspect_cert(foreign)]
+    assert choice.unreadable == 3  # the broken certificate, the key, the stray text
+    if kept:
+        assert choice.pem == current + replaced + foreign  # ours first, then in order, once
+        assert choice.previous == tuple(others)
+        assert choice.removed == ()
+        assert replaced_at is not None
+        assert choice.overlap_until == replaced_at + OVERLAP
+    else:
+        assert choice.pem == current  # exactly ca.crt, as before replacements kept anything
+        assert choice.previous == ()
+        assert choice.removed == tuple(others)
+        assert choice.overlap_until is None
+
+
+def test_choose_ca_bundle_is_a_fixed_point(three_cas: tuple[bytes, bytes, bytes]) -> None:
+    """Feeding its own output back changes nothing: a second run writes nothing."""
+    current, replaced, _ = three_cas
+    first = choose_ca_bundle(current, [replaced], replaced_at=T0, now=T0)
+    again = choose_ca_bundle(current, [first.pem], replaced_at=T0, now=T0 + dt.timedelta(minutes=5))
+    assert again.pem == first.pem
+    settled = choose_ca_bundle(current, [current], replaced_at=T0, now=T0)
+    assert settled.pem == current
+    assert settled.overlap_until is None
+
+
+def test_selected_ca_bundles_reads_only_selected_decodable_bundles() -> None:
+    config = webhook_config(a=OURS, b="!!junk", c=None, d=OURS)
+    assert selected_ca_bundles(config) == [CA_PEM, CA_PEM]
+    assert selected_ca_bundles(config, only=("d", "b")) == [CA_PEM]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param("2030-01-01T12:00:00+00:00", T0, id="iso-utc"),
+        pytest.param("2030-01-01T12:00:00Z", T0, id="zulu"),
+        pytest.param("2030-01-01T13:00:00+01:00", T0, id="other-zone"),
+        pytest.param("2030-01-01T12:00:00", None, id="no-zone"),
+        pytest.param("yesterday", None, id="not-a-time"),
+        pytest.param(None, None, id="absent"),
+    ],
+)
+def test_parse_replaced_at(value: str | None, expected: dt.datetime | None) -> None:
+    assert parse_replaced_at(value) == expected
+
+
+def test_split_certificates_never_raises_and_counts_what_it_skips(
+    three_cas: tuple[bytes, bytes, bytes],
+) -> None:
+    current, replaced, _ = three_cas
+    certs, unreadable = split_certificates(
+        b"# comment\n" + current + JUNK_BLOCK + replaced.replace(b"\n", b"\r\n") + KEY_BLOCK
+    )
+    assert certs == (current, replaced)  # canonical PEM, whatever the line endings were
+    assert unreadable == 3
+    assert split_certificates(b"") == ((), 0)

@@ -167,6 +167,10 @@ async def test_bootstrap_first_and_second_run_exit_0_and_the_second_writes_nothi
         "name": CONFIG,
         "patched": [],
         "inSync": ["pods.metagpu.io"],
+        "previousCAs": [],
+        "previousCAsUntil": None,
+        "removedCAs": [],
+        "removedUnreadable": 0,
     }
     assert len(api_with_config.writes()) == writes
     assert "PRIVATE KEY" not in stdout + stderr
