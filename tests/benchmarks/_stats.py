@@ -8,6 +8,7 @@ from a small sample on a noisy machine.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -19,6 +20,20 @@ def percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+def block_p99(samples: Sequence[float], blocks: int) -> tuple[float, float, float]:
+    """The median, lowest and highest p99 of ``blocks`` consecutive, equal blocks.
+
+    Samples beyond a whole number of blocks are left out of the blocks (not of
+    the pooled figures the caller prints beside it). Needs at least 100 samples
+    per block, so each block's p99 is a real tail rather than its maximum.
+    """
+    size = len(samples) // blocks if blocks >= 1 else 0
+    if size < 100:
+        raise ValueError(f"{len(samples)} samples cannot make {blocks} blocks of at least 100")
+    tails = sorted(percentile(samples[i * size : (i + 1) * size], 99) for i in range(blocks))
+    return statistics.median(tails), tails[0], tails[-1]
 
 
 def timed_ms(fn: Callable[[], object], rounds: int) -> list[float]:
