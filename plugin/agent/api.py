@@ -23,6 +23,15 @@ The socket is mode 0666: containers run as arbitrary non-root UIDs and must be
 able to connect. That is safe because the file mode is not the access control,
 the caller's identity is: anyone may *connect*, and each caller then sees only
 what its own container owns (a non-root host process sees nothing).
+
+Two agents may share one node for a while: during a rolling update with
+``maxSurge``, and during the upgrade from the chart that ran the agent inside
+the device plugin's pod (that agent stops only when its pod is replaced, after
+the new agent DaemonSet has started). The newer agent replaces the socket file
+at start-up; an agent removes the file at shutdown only if it is still its own;
+and an agent whose file disappears (an older agent that removes it without
+looking, as releases before this check did) listens on a new one within
+:data:`SOCKET_CHECK_INTERVAL_S`.
 """
 
 from __future__ import annotations
@@ -77,6 +86,8 @@ MAX_BODY_BYTES: Final = 4096
 ACCEPT_BACKLOG: Final = 128
 ACCEPT_RETRY_DELAY_S: Final = 1.0
 """After a failed ``accept()`` (out of file descriptors), as asyncio's own servers do."""
+SOCKET_CHECK_INTERVAL_S: Final = 2.0
+"""How often the agent checks that its socket file still exists (see :class:`ApiServer`)."""
 _VERSION_LINE: Final = '_EMBEDDED_VERSION = "unknown"'
 
 
@@ -323,6 +334,10 @@ class ApiServer:
     with ``loop.connect_accepted_socket``, so that the peer is pinned the
     moment the connection is accepted. ``pin`` replaces
     :func:`~plugin.agent.peers.pin_peer` (tests force its fallbacks).
+
+    The socket file is watched (:meth:`_keep_socket`): if it disappears, the
+    server listens on a new one; at :meth:`stop` it is removed only if it is
+    still the file this server bound (another agent may have replaced it).
     """
 
     def __init__(
@@ -331,15 +346,20 @@ class ApiServer:
         socket_path: Path,
         *,
         pin: Callable[[socket.socket], Peer] | None = None,
+        check_interval_s: float = SOCKET_CHECK_INTERVAL_S,
     ) -> None:
         self.socket_path = socket_path
         self.peers = PeerRegistry()
         self._pin = pin or partial(pin_peer, proc_root=ctx.proc_root)
+        self._check_interval_s = check_interval_s
         self._runner = web.AppRunner(
             build_app(ctx, self.peers), handle_signals=False, shutdown_timeout=1.0, access_log=None
         )
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
+        self._keeping: asyncio.Task[None] | None = None
+        self._bound: tuple[int, int, int] | None = None
+        """Identity of the socket file this server bound last (:func:`_file_identity`)."""
 
     async def __aenter__(self) -> ApiServer:
         await self.start()
@@ -352,14 +372,22 @@ class ApiServer:
         """Create the directory, replace a stale socket, listen, open the file mode."""
         self.socket_path.parent.mkdir(mode=SOCKET_DIR_MODE, parents=True, exist_ok=True)
         if self.socket_path.is_socket() or self.socket_path.is_symlink():
-            self.socket_path.unlink()  # left by a previous agent that did not stop cleanly
+            # Left by an agent that did not stop cleanly, or still served by an
+            # older agent on its way out (an upgrade): the newest agent serves.
+            self.socket_path.unlink()
         await self._runner.setup()
         assert self._runner.server is not None  # set by setup()
         self._forget_peers_of_closed_connections(self._runner.server)
+        self._listen()
+        self._keeping = asyncio.create_task(self._keep_socket(), name="mgctl API socket check")
+
+    def _listen(self) -> None:
+        """Bind a listener at :attr:`socket_path` and start accepting on it."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(str(self.socket_path))
             os.chmod(self.socket_path, SOCKET_MODE)
+            self._bound = _file_identity(self.socket_path)
             listener.listen(ACCEPT_BACKLOG)
             listener.setblocking(False)
         except BaseException:
@@ -368,6 +396,43 @@ class ApiServer:
         self._listener = listener
         self._accepting = asyncio.create_task(self._accept(listener), name="mgctl API accept")
         logger.info("mgctl API listening", extra={"socket": str(self.socket_path)})
+
+    async def _stop_listening(self) -> None:
+        """Stop accepting and close the listener (open connections stay)."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+            self._accepting = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    async def _keep_socket(self) -> None:
+        """Listen on a new socket whenever the file disappears.
+
+        Another agent may remove it: an older agent that stops after this one
+        replaced its socket (an upgrade's overlap) and removes the file without
+        checking whose it is. A file that is there but not this server's
+        belongs to a newer agent on the node, and is left alone."""
+        while True:
+            await asyncio.sleep(self._check_interval_s)
+            if _file_identity(self.socket_path) is not None:
+                continue
+            logger.warning(
+                "the mgctl API socket was removed (by another agent stopping?); listening again",
+                extra={"socket": str(self.socket_path)},
+            )
+            await self._stop_listening()
+            try:
+                self.socket_path.parent.mkdir(mode=SOCKET_DIR_MODE, parents=True, exist_ok=True)
+                self._listen()
+            except OSError as exc:  # another agent bound it meanwhile, or the dir is gone
+                logger.warning(
+                    "mgctl API cannot listen again: %s",
+                    exc,
+                    extra={"socket": str(self.socket_path)},
+                )
 
     def _forget_peers_of_closed_connections(self, server: web.Server) -> None:
         """Release a connection's peer (and its pidfd) as soon as the connection is lost.
@@ -430,18 +495,39 @@ class ApiServer:
             return
 
     async def stop(self) -> None:
-        """Stop accepting, close the connections, remove the socket file."""
-        if self._accepting is not None:
-            self._accepting.cancel()
+        """Stop accepting, close the connections, remove the socket file if it is ours."""
+        if self._keeping is not None:
+            self._keeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._accepting
-            self._accepting = None
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+                await self._keeping
+            self._keeping = None
+        await self._stop_listening()
         await asyncio.shield(self._runner.cleanup())
         self.peers.close_all()
-        self.socket_path.unlink(missing_ok=True)
+        current = _file_identity(self.socket_path)
+        if self._bound is not None and current == self._bound:
+            self.socket_path.unlink(missing_ok=True)
+        elif self._bound is not None and current is not None:
+            logger.info(
+                "leaving the mgctl API socket to the agent that replaced it",
+                extra={"socket": str(self.socket_path)},
+            )
+
+
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+    """``(st_dev, st_ino, st_ctime_ns)`` of ``path`` itself (not a link's target); None
+    if it is gone.
+
+    The inode number alone is not enough: a file system hands a freed inode
+    number to the next file, so a socket another agent bound right after
+    removing this one's can have its number. Its change time is the moment it
+    was bound (and chmod-ed), which differs unless both happened within one
+    clock tick."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 def install_mgctl(directory: Path, *, version: str = "unknown") -> Path:

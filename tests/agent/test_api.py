@@ -40,7 +40,7 @@ from tests.agent.builders import (
     reading,
     ref,
 )
-from tests.agent.helpers import MGCTL_RUNNER, run_mgctl
+from tests.agent.helpers import MGCTL_RUNNER, eventually, run_mgctl
 
 R = "cnvrg.io/metagpu"
 U0 = gpu_uuid(0)
@@ -377,3 +377,66 @@ async def test_bad_requests_get_status_documents(
     assert resp.status == status
     assert doc["kind"] == "Status"
     assert message in doc["message"]
+
+
+# ------------------------------------------------ two agents on one node
+# During an upgrade (and a rolling update with maxSurge) a node runs two agents
+# for a while: the newer replaces the socket at start-up, the older stops later.
+
+
+def _bare_context(proc_root: Path, version: str) -> ApiContext:
+    return ApiContext(
+        snapshot=lambda: None,
+        lookup=lambda _: None,
+        pods_problem=lambda: None,
+        proc_root=proc_root,
+        agent_cgroup=None,
+        node_name="node-a",
+        version=version,
+        backend="simulated",
+    )
+
+
+async def _agent_version(socket_path: Path) -> str:
+    """The agentVersion of whoever answers on ``socket_path`` (no identity needed)."""
+    connector = aiohttp.UnixConnector(path=str(socket_path))
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.get("http://agent/v1/version") as resp,
+    ):
+        doc = await resp.json()
+    return str(doc["agentVersion"])
+
+
+async def test_a_removed_socket_is_served_again(short_tmp_path: Path, tmp_path: Path) -> None:
+    # An older agent (a release that removed the file without looking whose it
+    # was) stops after this one replaced its socket, and deletes this one's file.
+    path = short_tmp_path / "run" / AGENT_SOCKET_NAME
+    async with ApiServer(_bare_context(tmp_path, "new"), path, check_interval_s=0.05):
+        path.unlink()
+        await eventually(path.is_socket, what="a new socket")
+        assert path.stat().st_mode & 0o777 == SOCKET_MODE
+        assert await _agent_version(path) == "new"
+    assert not path.exists()
+
+
+async def test_an_agent_leaves_the_socket_of_the_agent_that_replaced_it(
+    short_tmp_path: Path, tmp_path: Path
+) -> None:
+    path = short_tmp_path / "run" / AGENT_SOCKET_NAME
+    older = ApiServer(_bare_context(tmp_path, "old"), path, check_interval_s=0.05)
+    await older.start()
+    try:
+        assert await _agent_version(path) == "old"
+        # Agents start seconds apart, never within one clock tick (see _file_identity).
+        await asyncio.sleep(0.05)
+        async with ApiServer(_bare_context(tmp_path, "new"), path, check_interval_s=0.05):
+            assert await _agent_version(path) == "new"
+            await asyncio.sleep(0.3)  # several checks: the older agent does not take it back
+            assert await _agent_version(path) == "new"
+            await older.stop()
+            assert path.is_socket(), "the older agent removed the newer one's socket"
+            assert await _agent_version(path) == "new"
+        assert not path.exists()  # the newer one removes its own
+    finally:
+        await older.stop()
