@@ -154,7 +154,8 @@ class AgentClient:
             "Check that:\n"
             "  - this pod requests a metagpu resource (the socket is mounted only into\n"
             f"    containers that hold GPU units; ${ENV_SOCKET} says where it is),\n"
-            "  - the metagpu agent runs on this node (its DaemonSet pod here is Running),\n"
+            "  - the metagpu agent runs on this node (the pod of the metagpu-agent\n"
+            "    DaemonSet on this node is Running and Ready),\n"
             f"  - or pass --socket PATH / set {ENV_SOCKET}."
         )
 

@@ -54,9 +54,10 @@ MANIFESTS: Final = (
     ),
 )
 
-# The plugin pods need hostPath volumes and the host PID namespace, which the
-# "baseline" and "restricted" Pod Security levels forbid; the label makes that
-# explicit instead of depending on the cluster's default level.
+# The plugin and agent pods need hostPath volumes, and the agent pods the host
+# PID namespace, which the "baseline" and "restricted" Pod Security levels
+# forbid; the label makes that explicit instead of depending on the cluster's
+# default level.
 NAMESPACE_DOC: Final = f"""\
 apiVersion: v1
 kind: Namespace

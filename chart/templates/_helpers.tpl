@@ -57,6 +57,7 @@ helm.sh/chart: {{ include "metagpu.chart" .root }}
 {{/* ------------------------------------------------------------ names */}}
 {{- define "metagpu.webhook.fullname" -}}{{ include "metagpu.fullname" . }}-webhook{{- end -}}
 {{- define "metagpu.plugin.fullname" -}}{{ include "metagpu.fullname" . }}-plugin{{- end -}}
+{{- define "metagpu.agent.fullname" -}}{{ include "metagpu.fullname" . }}-agent{{- end -}}
 {{- define "metagpu.certs.fullname" -}}{{ include "metagpu.fullname" . }}-certs{{- end -}}
 {{- define "metagpu.tlsSecretName" -}}
 {{- default (printf "%s-tls" (include "metagpu.webhook.fullname" .)) .Values.certs.secretName -}}
@@ -87,6 +88,61 @@ inside a read-only ConfigMap volume. */}}
 not change when the host's kubelet root does (the hostPath values). */}}
 {{- define "metagpu.plugin.devicePluginsMount" -}}/var/lib/kubelet/device-plugins{{- end -}}
 {{- define "metagpu.agent.podResourcesMount" -}}/var/lib/kubelet/pod-resources{{- end -}}
+
+{{/* ------------------------------------------------------- GPU nodes */}}
+{{/* Where a GPU-node DaemonSet runs: (dict "root" $ "component" "plugin"|"agent").
+Renders nodeSelector, affinity and tolerations (each only when not empty).
+The device plugin gets plugin.nodeSelector, plugin.affinity and `tolerations`
+(the ones the webhook gives GPU pods) + plugin.extraTolerations. The agent
+must run wherever the plugin does, so by default it gets the same:
+agent.nodeSelector and agent.affinity replace the plugin's only when set, and
+agent.extraTolerations add to the plugin's tolerations. */}}
+{{- define "metagpu.gpuNodeScheduling" -}}
+{{- $values := .root.Values -}}
+{{- $nodeSelector := $values.plugin.nodeSelector -}}
+{{- $affinity := $values.plugin.affinity -}}
+{{- $tolerations := concat ($values.tolerations | default list) ($values.plugin.extraTolerations | default list) -}}
+{{- if eq .component "agent" -}}
+{{- $nodeSelector = $values.agent.nodeSelector | default $nodeSelector -}}
+{{- $affinity = $values.agent.affinity | default $affinity -}}
+{{- $tolerations = concat $tolerations ($values.agent.extraTolerations | default list) -}}
+{{- end -}}
+{{- with $nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $tolerations | uniq }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The agent's PriorityClass: agent.priorityClassName when it is set (a
+string, "" for none), else the plugin's. */}}
+{{- define "metagpu.agent.priorityClassName" -}}
+{{- if kindIs "string" .Values.agent.priorityClassName -}}
+{{- .Values.agent.priorityClassName -}}
+{{- else -}}
+{{- .Values.plugin.priorityClassName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod securityContext of the GPU-node pods (plugin and agent): root
+containers, so no runAsNonRoot; on OpenShift the spc_t SELinux type, which lets
+a non-privileged container use the kubelet's directories under SELinux
+enforcement (allowed by the chart's SecurityContextConstraints). */}}
+{{- define "metagpu.gpuNodePodSecurityContext" -}}
+seccompProfile:
+  type: RuntimeDefault
+{{- if .Values.ocp }}
+seLinuxOptions:
+  type: spc_t
+{{- end }}
+{{- end -}}
 
 {{/* ------------------------------------------------ resource contract */}}
 {{/* Names of the resources the plugin advertises: resourceName + extras (JSON list). */}}
@@ -205,7 +261,8 @@ come from flags (see the Deployment), so the file holds only policy. */}}
 {{- toYaml $config -}}
 {{- end -}}
 
-{{/* The device plugin's and agent's config file (plugin.api.config.PluginConfig). */}}
+{{/* The device plugin's and agent's config file (plugin.api.config.PluginConfig),
+read by both DaemonSets. */}}
 {{- define "metagpu.plugin.config" -}}
 {{- $resources := list (dict "name" .Values.resourceName "gpus" .Values.plugin.resourceGpus) -}}
 {{- $resources = concat $resources .Values.plugin.extraResources -}}

@@ -40,7 +40,9 @@ PodResources API which container holds which meta-devices, maps GPU processes
 to containers through /proc/<pid>/cgroup, and then: enforces GPU memory limits
 (off | report | kill), exports Prometheus metrics on --metrics-listen, keeps the
 metagpu.io/* Node labels current, and answers mgctl on <socket-dir>/agent.sock.
-Run it with hostPID (PIDs must be host PIDs) next to the device plugin.
+Run it with hostPID (PIDs must be host PIDs) on every node the device plugin
+runs on; the Helm chart gives it a DaemonSet of its own, the only pod there
+with hostPID.
 
 Precedence: flags > env (METAGPU_PLUGIN_*, e.g. METAGPU_PLUGIN_AGENT__INTERVAL_S)
 > --config file > defaults; NODE_NAME is the last fallback for --node-name.

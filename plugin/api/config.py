@@ -5,9 +5,9 @@ Loaded by :func:`plugin.api.settings.load_config` with env prefix
 be ``v1`` so a future incompatible format fails loudly instead of being half
 understood (NVIDIA's ``api/config/v1`` rejects unknown versions the same way).
 
-The device plugin and the agent run as two containers of one DaemonSet pod and
-read the same file, so resource names and units per GPU cannot disagree
-between them.
+The device plugin and the agent run in two DaemonSets (only the agent's pods
+get the host PID namespace) and read the same file, so resource names, units
+per GPU and the agent socket directory cannot disagree between them.
 
 The field names below are a contract with the Helm chart (``values.yaml``
 renders this file) and with ``docs/device-plugin.md``; rename nothing without

@@ -16,9 +16,11 @@ import yaml
 from celpy.adapter import json_to_cel
 
 from tests.install.cel import compile_condition
+from tests.install.chart import NAMESPACE, component, render
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agent.md"
-AGENT = "system:serviceaccount:metagpu:metagpu-plugin"
+AGENT = "system:serviceaccount:metagpu:metagpu-agent"
+"""The agent's ServiceAccount in the chart rendered with its defaults (checked below)."""
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
 
 
@@ -146,3 +148,19 @@ def test_the_documented_policy(
     old: dict[str, Any], new: dict[str, Any], kw: dict[str, Any], expected: list[str]
 ) -> None:
     assert admitted(review(copy.deepcopy(old), copy.deepcopy(new), **kw)) == expected
+
+
+def test_the_policy_names_the_agents_service_account_and_no_other() -> None:
+    # The agent has its own ServiceAccount (the device plugin's has no RBAC):
+    # the policy must judge that one, or it silently stops applying.
+    account = component(render(), "DaemonSet", "agent")["spec"]["template"]["spec"][
+        "serviceAccountName"
+    ]
+    assert f"system:serviceaccount:{NAMESPACE}:{account}" == AGENT
+    conditions = " ".join(c["expression"] for c in policy()["spec"]["matchConditions"])
+    assert f'"{AGENT}"' in conditions
+    plugin = component(render(), "DaemonSet", "plugin")["spec"]["template"]["spec"][
+        "serviceAccountName"
+    ]
+    assert f":{plugin}" not in conditions
+    assert admitted(review(node(BASE), node({**BASE, "team": "ml"}), user=AGENT)) != []

@@ -153,6 +153,18 @@ def test_rendering_is_deterministic() -> None:
         pytest.param(
             {"runtimeClass": {"name": "NVIDIA"}}, ["/runtimeClass/name"], id="runtime-class"
         ),
+        pytest.param(
+            {"agent": {"priorityClassName": 5}}, ["/agent/priorityClassName"], id="agent-priority"
+        ),
+        pytest.param(
+            {"agent": {"updateStrategy": {"type": "Recreate"}}},
+            ["/agent/updateStrategy/type", "OnDelete"],
+            id="agent-update-strategy",
+        ),
+        pytest.param(
+            {"agent": {"nodeSelector": {"gpu": True}}}, ["/agent/nodeSelector/gpu"], id="agent-ns"
+        ),
+        pytest.param({"agent": {"hostPID": False}}, ["/agent", "hostPID"], id="agent-typo"),
     ],
 )
 def test_schema_refuses_bad_values_naming_the_value(values: Obj, expected: list[str]) -> None:

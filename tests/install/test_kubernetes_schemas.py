@@ -18,6 +18,7 @@ from tests.install.chart import (
     EVERYTHING,
     NAMESPACE,
     Obj,
+    component,
     find,
     one,
     render,
@@ -247,27 +248,67 @@ SCC_REQUIRED: Final = (
 )
 
 
+def _pod_needs(pod: Obj) -> dict[str, object]:
+    """What a pod template asks of an SCC, in the SCC's own terms."""
+    volume_types = {next(k for k in v if k != "name") for v in pod["volumes"]}
+    if pod.get("automountServiceAccountToken", True):
+        volume_types.add("projected")  # the ServiceAccount token
+    return {
+        "allowHostPID": pod.get("hostPID", False),
+        "allowHostIPC": pod.get("hostIPC", False),
+        "allowHostNetwork": pod.get("hostNetwork", False),
+        "allowedCapabilities": sorted(
+            {
+                cap
+                for c in pod["containers"]
+                for cap in c["securityContext"].get("capabilities", {}).get("add", [])
+            }
+        ),
+        "volumes": sorted(volume_types),
+    }
+
+
+def _scc_grants(scc: Obj) -> dict[str, object]:
+    return {
+        "allowHostPID": scc["allowHostPID"],
+        "allowHostIPC": scc["allowHostIPC"],
+        "allowHostNetwork": scc["allowHostNetwork"],
+        "allowedCapabilities": sorted(scc["allowedCapabilities"] or []),
+        "volumes": sorted(scc["volumes"]),
+    }
+
+
 @pytest.mark.parametrize("enforcement", ["report", "kill"])
-def test_scc_grants_the_plugin_exactly_what_it_uses(enforcement: str) -> None:
-    objects = render({"ocp": True, "agent": {"memoryEnforcement": enforcement}})
-    scc = one(objects, "SecurityContextConstraints")
+@pytest.mark.parametrize("mps", [False, True])
+@pytest.mark.parametrize("component_name", ["plugin", "agent"])
+def test_each_gpu_node_pod_has_its_own_scc_granting_exactly_what_it_uses(
+    enforcement: str, mps: bool, component_name: str
+) -> None:
+    # Least privilege: one SCC per ServiceAccount, each allowing exactly what its
+    # pods ask for. One SCC for both would let the plugin's ServiceAccount ask for
+    # the host PID namespace and CAP_KILL, which only the agent needs.
+    objects = render(
+        {"ocp": True, "agent": {"memoryEnforcement": enforcement}, "mps": {"enabled": mps}}
+    )
+    pod = component(objects, "DaemonSet", component_name)["spec"]["template"]["spec"]
+    user = f"system:serviceaccount:{NAMESPACE}:{pod['serviceAccountName']}"
+    granted = [s for s in find(objects, "SecurityContextConstraints") if user in s["users"]]
+    assert len(granted) == 1, f"{component_name}: {len(granted)} SCCs for {user}"
+    scc = granted[0]
     assert scc["apiVersion"] == "security.openshift.io/v1"
+    assert scc["metadata"]["labels"]["app.kubernetes.io/component"] == component_name
     for field in SCC_REQUIRED:
         assert field in scc, field
-    daemonset = one(objects, "DaemonSet")
-    pod = daemonset["spec"]["template"]["spec"]
-    service_account = pod["serviceAccountName"]
-    assert scc["users"] == [f"system:serviceaccount:{NAMESPACE}:{service_account}"]
-    assert scc["allowHostPID"] is True
-    assert pod["hostPID"] is True
+    assert scc["users"] == [user], "granted to one ServiceAccount only"
+    assert not scc.get("groups")
+    assert _scc_grants(scc) == _pod_needs(pod)
     assert scc["allowHostDirVolumePlugin"] is True
-    assert (scc["allowHostIPC"], scc["allowHostNetwork"], scc["allowHostPorts"]) == (
-        False,
-        False,
-        False,
-    )
+    assert scc["allowHostPorts"] is False
     assert scc["allowPrivilegedContainer"] is False
     assert scc["allowPrivilegeEscalation"] is False
+    assert scc["requiredDropCapabilities"] == ["ALL"]
+    assert not scc["defaultAddCapabilities"]
+    assert scc["seccompProfiles"] == ["runtime/default"]
     for strategy in ("runAsUser", "seLinuxContext", "fsGroup", "supplementalGroups"):
         assert scc[strategy]["type"] in (
             "RunAsAny",
@@ -275,16 +316,13 @@ def test_scc_grants_the_plugin_exactly_what_it_uses(enforcement: str) -> None:
             "MustRunAsRange",
             "MustRunAsNonRoot",
         )
-    volume_types = {next(k for k in v if k != "name") for v in pod["volumes"]} | {"projected"}
-    assert volume_types <= set(scc["volumes"]), "the SCC must allow every volume type the pod uses"
-    added = {
-        cap
-        for c in pod["containers"]
-        for cap in c["securityContext"].get("capabilities", {}).get("add", [])
-    }
-    assert added == set(scc["allowedCapabilities"] or [])
-    assert added == {"KILL"}
-    assert not scc["defaultAddCapabilities"]
+    for c in pod["containers"]:
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], c["name"]
+    if component_name == "agent":
+        assert (scc["allowHostPID"], scc["allowedCapabilities"]) == (True, ["KILL"])
+    else:
+        assert (scc["allowHostPID"], scc["allowedCapabilities"]) == (False, [])
+        assert "projected" not in scc["volumes"], "the plugin pods mount no token"
 
 
 def test_no_scc_without_ocp() -> None:

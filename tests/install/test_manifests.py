@@ -55,6 +55,16 @@ def test_each_manifest_is_a_complete_install(name: str, mode: str) -> None:
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     kinds = {o["kind"] for o in objects}
     assert {"Deployment", "DaemonSet", "MutatingWebhookConfiguration", "Service"} <= kinds
+    # The device plugin and the agent, each in its own DaemonSet; only the agent's
+    # pods get the host PID namespace.
+    daemonsets = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in find(objects, "DaemonSet")
+    }
+    assert set(daemonsets) == {"metagpu-plugin", "metagpu-agent"}
+    assert daemonsets["metagpu-agent"]["hostPID"] is True
+    assert "hostPID" not in daemonsets["metagpu-plugin"]
+    assert [c["name"] for c in daemonsets["metagpu-plugin"]["containers"]] == ["device-plugin"]
+    assert [c["name"] for c in daemonsets["metagpu-agent"]["containers"]] == ["agent"]
     for obj in objects:
         if obj["kind"] in (
             "Namespace",

@@ -1,10 +1,25 @@
-"""The device plugin DaemonSet: where it runs, what it mounts, and which privileges it has."""
+"""The device plugin DaemonSet: where it runs, what it mounts, and which privileges it has.
+
+It holds the device plugin (and, with MPS, the MPS control daemon) and nothing
+else: the agent has its own DaemonSet (test_agent_daemonset.py), because the
+host PID namespace it needs is pod-wide.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.install.chart import Mode, Obj, component, container, find, mode_params, one, render
+from tests.install.chart import (
+    Mode,
+    Obj,
+    component,
+    container,
+    find,
+    mode_params,
+    one,
+    render,
+    scenario_params,
+)
 
 
 def daemonset(values: Obj | None = None) -> Obj:
@@ -40,7 +55,6 @@ def test_scheduling_values() -> None:
     spec = ds["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == "system-node-critical"
     assert spec["runtimeClassName"] == "nvidia"
-    assert spec["hostPID"] is True
     assert spec["enableServiceLinks"] is False
     assert "hostNetwork" not in spec
     assert "hostIPC" not in spec
@@ -52,42 +66,59 @@ def test_scheduling_values() -> None:
     assert "priorityClassName" not in custom
 
 
+@pytest.mark.parametrize("values", scenario_params())
+def test_the_plugin_pod_has_no_host_pid_namespace_and_no_agent(values: Obj) -> None:
+    # hostPID is pod-wide: the device plugin and the MPS control daemon would see
+    # (and as root could signal) every process on the node. Only the agent needs it,
+    # and it runs in its own DaemonSet.
+    spec = pod(values)
+    assert spec.get("hostPID") is not True
+    assert "shareProcessNamespace" not in spec
+    names = [c["name"] for c in spec["containers"]]
+    assert "agent" not in names
+    assert not [c for c in spec["containers"] if c.get("args", [None])[0] == "agent"]
+    assert set(names) <= {"device-plugin", "mps-control-daemon"}
+    volumes = {v["name"] for v in spec["volumes"]}
+    assert not {"pod-resources", "agent-socket-dir"} & volumes, "the agent's mounts"
+
+
+@pytest.mark.parametrize("values", scenario_params())
+def test_the_plugin_pod_gets_no_service_account_token(values: Obj) -> None:
+    # Nothing in the pod calls the API server (plugin/ outside plugin/agent/ never
+    # loads a Kubernetes client), so it holds no credentials to steal.
+    objects = render(values)
+    spec = component(objects, "DaemonSet", "plugin")["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    account = one(objects, "ServiceAccount", spec["serviceAccountName"])
+    assert account["automountServiceAccountToken"] is False
+    for c in spec["containers"]:
+        names = {e["name"] for e in c.get("env", [])}
+        assert not {"KUBECONFIG", "NODE_NAME"} & names, c["name"]
+
+
 def test_containers_see_every_gpu_through_nvml_only() -> None:
-    spec = pod()
-    for name in ("device-plugin", "agent"):
-        env = {e["name"]: e.get("value") for e in container(spec, name)["env"]}
-        assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
-        assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    env = {e["name"]: e.get("value") for e in container(pod(), "device-plugin")["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
 
 
 def test_host_paths() -> None:
     volumes = {v["name"]: v.get("hostPath") for v in pod()["volumes"]}
-    assert volumes["device-plugins"] == {
-        "path": "/var/lib/kubelet/device-plugins",
-        "type": "Directory",
+    assert volumes == {
+        "config": None,  # a ConfigMap
+        "device-plugins": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"},
     }
-    assert volumes["pod-resources"] == {
-        "path": "/var/lib/kubelet/pod-resources",
-        "type": "Directory",
-    }
-    assert volumes["agent-socket-dir"] == {"path": "/var/run/metagpu", "type": "DirectoryOrCreate"}
-    assert volumes["config"] is None  # a ConfigMap
 
 
 @pytest.mark.parametrize("enforcement", ["off", "report", "kill"])
 def test_privileges_are_the_minimum_for_each_container(enforcement: str) -> None:
-    spec = pod({"agent": {"memoryEnforcement": enforcement}})
+    spec = pod({"agent": {"memoryEnforcement": enforcement}, "mps": {"enabled": True}})
     for c in spec["containers"]:
         security = c["securityContext"]
         assert security.get("privileged") is not True, c["name"]
         assert security["allowPrivilegeEscalation"] is False, c["name"]
-        assert security["capabilities"]["drop"] == ["ALL"], c["name"]
+        assert security["capabilities"] == {"drop": ["ALL"]}, c["name"]
         assert security["runAsUser"] == 0, f"{c['name']} writes root-owned kubelet directories"
-    # mgctl kill works in every mode, and signalling another UID needs CAP_KILL.
-    assert container(spec, "agent")["securityContext"]["capabilities"]["add"] == ["KILL"]
-    for name in ("device-plugin", "mps-control-daemon"):
-        if any(c["name"] == name for c in spec["containers"]):
-            assert "add" not in container(spec, name)["securityContext"]["capabilities"]
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
@@ -97,7 +128,7 @@ def test_mps_adds_the_pipe_directory_and_control_daemon(mode: Mode) -> None:
     names = [c["name"] for c in spec["containers"]]
     volumes = {v["name"]: v for v in spec["volumes"]}
     if mode.mps:
-        assert names == ["device-plugin", "agent", "mps-control-daemon"]
+        assert names == ["device-plugin", "mps-control-daemon"]
         assert volumes["mps-pipes"]["hostPath"] == {
             "path": "/var/run/metagpu-mps",
             "type": "DirectoryOrCreate",
@@ -110,7 +141,7 @@ def test_mps_adds_the_pipe_directory_and_control_daemon(mode: Mode) -> None:
         assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"]
         assert {"name": "mps-pipes", "mountPath": "/var/run/metagpu-mps"} in daemon["volumeMounts"]
     else:
-        assert names == ["device-plugin", "agent"]
+        assert names == ["device-plugin"]
         assert "mps-pipes" not in volumes
     if mode.ocp:
         assert spec["securityContext"]["seLinuxOptions"] == {"type": "spc_t"}
@@ -120,7 +151,7 @@ def test_mps_adds_the_pipe_directory_and_control_daemon(mode: Mode) -> None:
 
 def test_mps_without_the_chart_daemon() -> None:
     spec = pod({"mps": {"enabled": True, "controlDaemon": {"enabled": False}}})
-    assert [c["name"] for c in spec["containers"]] == ["device-plugin", "agent"]
+    assert [c["name"] for c in spec["containers"]] == ["device-plugin"]
     assert any(v["name"] == "mps-pipes" for v in spec["volumes"])
 
 
@@ -145,3 +176,22 @@ def test_resources_are_set_for_every_container() -> None:
     for c in pod({"mps": {"enabled": True}})["containers"]:
         assert c["resources"]["requests"], c["name"]
         assert c["resources"]["limits"]["memory"], c["name"]
+
+
+def test_pod_annotations_and_labels_are_the_plugins_own() -> None:
+    objects = render(
+        {
+            "plugin": {"podAnnotations": {"a": "plugin"}, "podLabels": {"l": "plugin"}},
+            "agent": {"podAnnotations": {"b": "agent"}, "podLabels": {"m": "agent"}},
+        }
+    )
+    plugin = component(objects, "DaemonSet", "plugin")["spec"]["template"]["metadata"]
+    agent = component(objects, "DaemonSet", "agent")["spec"]["template"]["metadata"]
+    assert plugin["annotations"]["a"] == "plugin"
+    assert plugin["labels"]["l"] == "plugin"
+    assert "b" not in plugin["annotations"]
+    assert "m" not in plugin["labels"]
+    assert agent["annotations"]["b"] == "agent"
+    assert agent["labels"]["m"] == "agent"
+    assert "a" not in agent["annotations"]
+    assert "l" not in agent["labels"]

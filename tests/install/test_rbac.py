@@ -11,6 +11,8 @@ declaration names objects, the chart names the same ones.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -131,8 +133,41 @@ def test_agent_rbac_is_exactly_its_permissions(values: Obj) -> None:
     from plugin.agent.permissions import PERMISSIONS
 
     objects = render(values)
-    service_account = pod_spec(component(objects, "DaemonSet", "plugin"))["serviceAccountName"]
+    service_account = pod_spec(component(objects, "DaemonSet", "agent"))["serviceAccountName"]
     assert_exactly(grants(objects, service_account), PERMISSIONS, who="agent")
+
+
+@pytest.mark.parametrize("values", scenario_params())
+def test_the_device_plugin_gets_no_rbac_and_no_token(values: Obj) -> None:
+    # The device plugin (and the MPS control daemon beside it) never calls the API
+    # server: no rule may be bound to its ServiceAccount, and no token is mounted.
+    objects = render(values)
+    pod = pod_spec(component(objects, "DaemonSet", "plugin"))
+    service_account = pod["serviceAccountName"]
+    assert grants(objects, service_account) == []
+    assert pod["automountServiceAccountToken"] is False
+    assert one(objects, "ServiceAccount", service_account)["automountServiceAccountToken"] is False
+    # Not even through a group every ServiceAccount of the namespace is in.
+    for binding in [*find(objects, "RoleBinding"), *find(objects, "ClusterRoleBinding")]:
+        for subject in binding.get("subjects", []):
+            assert subject["kind"] == "ServiceAccount", binding["metadata"]["name"]
+
+
+def test_the_device_plugin_never_loads_a_kubernetes_client() -> None:
+    # What the token rule above rests on: the device-plugin command, with everything
+    # it imports to run, loads no Kubernetes client (only the agent does).
+    code = (
+        "import sys, asyncio\n"
+        "import plugin.device_plugin_cli, plugin.supervisor, plugin.server, plugin.servicer\n"
+        "import plugin.nvml, plugin.container_spec, plugin.health_monitor\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('kubernetes_asyncio', 'kubernetes') or m.startswith(('plugin.agent', 'certs.kube')))\n"
+        "print(loaded)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "[]", result.stdout
 
 
 def _bootstrap_runs(objects: list[Obj]) -> list[Obj]:
@@ -209,15 +244,17 @@ def test_every_service_account_is_used_and_none_is_shared() -> None:
     assert accounts == set(used)
     webhook = pod_spec(component(objects, "Deployment", "webhook"))["serviceAccountName"]
     plugin = pod_spec(component(objects, "DaemonSet", "plugin"))["serviceAccountName"]
+    agent = pod_spec(component(objects, "DaemonSet", "agent"))["serviceAccountName"]
     assert (
         len(
             {
                 webhook,
                 plugin,
+                agent,
                 *[pod_spec(o)["serviceAccountName"] for o in _bootstrap_runs(objects)],
             }
         )
-        == 4
+        == 5
     )
 
 

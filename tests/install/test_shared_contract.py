@@ -42,6 +42,11 @@ def plugin_pod(objects: list[Obj]) -> Obj:
     return pod
 
 
+def agent_pod(objects: list[Obj]) -> Obj:
+    pod: Obj = component(objects, "DaemonSet", "agent")["spec"]["template"]["spec"]
+    return pod
+
+
 @pytest.mark.parametrize("values", scenario_params())
 def test_both_configs_load_through_the_real_models(values: Obj) -> None:
     webhook, plugin, _ = configs(values)
@@ -72,25 +77,30 @@ def test_changed_shared_values_reach_both_components() -> None:
     assert [t.as_kubernetes() for t in webhook.tolerations] == values["tolerations"]
     assert webhook.runtime_class_name == "nvidia-legacy"
     assert plugin_pod(objects)["runtimeClassName"] == "nvidia-legacy"
+    assert agent_pod(objects)["runtimeClassName"] == "nvidia-legacy"
 
 
 @pytest.mark.parametrize("values", scenario_params())
-def test_plugin_tolerates_every_taint_the_webhook_lets_gpu_pods_onto(values: Obj) -> None:
+def test_plugin_and_agent_tolerate_every_taint_the_webhook_lets_gpu_pods_onto(
+    values: Obj,
+) -> None:
     webhook, _, objects = configs(values)
-    daemonset_tolerations = plugin_pod(objects)["tolerations"]
-    for toleration in webhook.tolerations:
-        assert toleration.as_kubernetes() in daemonset_tolerations, (
-            f"GPU pods tolerate {toleration.as_kubernetes()} but the device plugin does not, "
-            "so it would not run on the nodes they are sent to"
-        )
+    for name, pod in (("device plugin", plugin_pod(objects)), ("agent", agent_pod(objects))):
+        for toleration in webhook.tolerations:
+            assert toleration.as_kubernetes() in pod["tolerations"], (
+                f"GPU pods tolerate {toleration.as_kubernetes()} but the {name} does not, "
+                "so it would not run on the nodes they are sent to"
+            )
 
 
 def test_runtime_class_agrees_and_can_be_left_out() -> None:
     webhook, _, objects = configs({})
     assert webhook.runtime_class_name == plugin_pod(objects)["runtimeClassName"] == "nvidia"
+    assert agent_pod(objects)["runtimeClassName"] == "nvidia"
     webhook, _, objects = configs({"runtimeClass": {"name": ""}})
     assert webhook.runtime_class_name is None
     assert "runtimeClassName" not in plugin_pod(objects)
+    assert "runtimeClassName" not in agent_pod(objects)
 
 
 def test_defaults_match_the_component_defaults() -> None:
@@ -140,55 +150,64 @@ def test_defaults_match_the_component_defaults() -> None:
         assert getattr(plugin.agent, field) == getattr(defaults_plugin.agent, field), field
 
 
-# ------------------------------------------------------- paths in the pod
-@pytest.mark.parametrize("values", scenario_params())
-def test_config_paths_are_what_the_plugin_pod_mounts(values: Obj) -> None:
-    _, plugin, objects = configs(values)
-    pod = plugin_pod(objects)
-    volumes = {v["name"]: v for v in pod["volumes"]}
+# ------------------------------------------------------- paths in the pods
+def _mount(pod: Obj, container_name: str, volume: str) -> Obj:
+    mounts: list[Obj] = [
+        m for m in container(pod, container_name)["volumeMounts"] if m["name"] == volume
+    ]
+    assert len(mounts) == 1, f"{container_name} does not mount {volume}"
+    return mounts[0]
 
-    def mount_of(container_name: str, volume: str) -> Obj:
-        mounts: list[Obj] = [
-            m for m in container(pod, container_name)["volumeMounts"] if m["name"] == volume
-        ]
-        assert len(mounts) == 1, f"{container_name} does not mount {volume}"
-        return mounts[0]
+
+@pytest.mark.parametrize("values", scenario_params())
+def test_config_paths_are_what_the_plugin_and_agent_pods_mount(values: Obj) -> None:
+    _, plugin, objects = configs(values)
+    plugin_spec, agent_spec = plugin_pod(objects), agent_pod(objects)
+    plugin_volumes = {v["name"]: v for v in plugin_spec["volumes"]}
+    agent_volumes = {v["name"]: v for v in agent_spec["volumes"]}
 
     # The kubelet's device-plugins dir, read-write for the plugin's socket.
-    mount = mount_of("device-plugin", "device-plugins")
+    mount = _mount(plugin_spec, "device-plugin", "device-plugins")
     assert str(plugin.device_plugins_dir) == mount["mountPath"]
     assert not mount.get("readOnly")
-    assert volumes["device-plugins"]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
+    assert plugin_volumes["device-plugins"]["hostPath"]["path"] == (
+        "/var/lib/kubelet/device-plugins"
+    )
     # The agent socket dir: the plugin hands its *host* path to the kubelet (the
     # agent's socket_dir), so the agent must write it at that same path. The
-    # plugin itself never opens it, so it does not mount it.
+    # plugin itself never opens it, so its pod does not mount it.
     socket_dir = str(plugin.agent.socket_dir)
-    assert volumes["agent-socket-dir"]["hostPath"] == {
+    assert agent_volumes["agent-socket-dir"]["hostPath"] == {
         "path": socket_dir,
         "type": "DirectoryOrCreate",
     }
-    assert mount_of("agent", "agent-socket-dir")["mountPath"] == socket_dir
-    assert not mount_of("agent", "agent-socket-dir").get("readOnly")
-    plugin_mounts = {m["name"] for m in container(pod, "device-plugin")["volumeMounts"]}
-    assert "agent-socket-dir" not in plugin_mounts
-    # The kubelet's pod-resources socket, for the agent.
-    mount = mount_of("agent", "pod-resources")
+    assert _mount(agent_spec, "agent", "agent-socket-dir")["mountPath"] == socket_dir
+    assert not _mount(agent_spec, "agent", "agent-socket-dir").get("readOnly")
+    assert "agent-socket-dir" not in plugin_volumes
+    # The kubelet's pod-resources socket, for the agent alone.
+    mount = _mount(agent_spec, "agent", "pod-resources")
     assert str(plugin.agent.pod_resources_socket).startswith(mount["mountPath"] + "/")
-    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
-    # Both containers read the one config file.
-    for name in ("device-plugin", "agent"):
-        args = container(pod, name)["args"]
-        config_path = flag(args, "--config")
-        mount = mount_of(name, "config")
-        assert config_path.startswith(mount["mountPath"] + "/")
+    assert agent_volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert "pod-resources" not in plugin_volumes
+    # Both read the one config file, from the one ConfigMap.
+    for pod, volumes, name in (
+        (plugin_spec, plugin_volumes, "device-plugin"),
+        (agent_spec, agent_volumes, "agent"),
+    ):
+        config_path = flag(container(pod, name)["args"], "--config")
+        assert config_path.startswith(_mount(pod, name, "config")["mountPath"] + "/")
+        assert volumes["config"]["configMap"]["name"] == "metagpu-plugin-config"
         items = volumes["config"]["configMap"]["items"]
         assert {"key": "plugin.yaml", "path": config_path.rsplit("/", 1)[1]} in items
     # MPS: the pipe directory the plugin hands out exists on the host.
     if plugin.mps.enabled:
-        assert volumes["mps-pipes"]["hostPath"]["path"] == str(plugin.mps.pipe_directory)
-        assert mount_of("device-plugin", "mps-pipes")["mountPath"] == str(plugin.mps.pipe_directory)
+        assert plugin_volumes["mps-pipes"]["hostPath"]["path"] == str(plugin.mps.pipe_directory)
+        assert _mount(plugin_spec, "device-plugin", "mps-pipes")["mountPath"] == str(
+            plugin.mps.pipe_directory
+        )
     else:
-        assert "mps-pipes" not in volumes
+        assert "mps-pipes" not in plugin_volumes
+    assert "mps-pipes" not in agent_volumes
 
 
 def test_host_paths_follow_values_while_config_paths_stay() -> None:
@@ -200,13 +219,18 @@ def test_host_paths_follow_values_while_config_paths_stay() -> None:
         },
     }
     _, plugin, objects = configs(values)
-    volumes = {v["name"]: v for v in plugin_pod(objects)["volumes"]}
-    assert volumes["device-plugins"]["hostPath"]["path"] == "/var/lib/k0s/kubelet/device-plugins"
-    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/k0s/kubelet/pod-resources"
+    plugin_volumes = {v["name"]: v for v in plugin_pod(objects)["volumes"]}
+    agent_volumes = {v["name"]: v for v in agent_pod(objects)["volumes"]}
+    assert plugin_volumes["device-plugins"]["hostPath"]["path"] == (
+        "/var/lib/k0s/kubelet/device-plugins"
+    )
+    assert agent_volumes["pod-resources"]["hostPath"]["path"] == (
+        "/var/lib/k0s/kubelet/pod-resources"
+    )
     assert str(plugin.device_plugins_dir) == "/var/lib/kubelet/device-plugins"
     assert str(plugin.agent.pod_resources_socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert str(plugin.agent.socket_dir) == "/run/metagpu"
-    assert volumes["agent-socket-dir"]["hostPath"]["path"] == "/run/metagpu"
+    assert agent_volumes["agent-socket-dir"]["hostPath"]["path"] == "/run/metagpu"
 
 
 def test_agent_metrics_port_is_the_container_port_and_the_service_port() -> None:
@@ -214,7 +238,7 @@ def test_agent_metrics_port_is_the_container_port_and_the_service_port() -> None
 
     _, plugin, objects = configs({**EVERYTHING, "agent": {"metricsPort": 9500}})
     _, port = split_listen(plugin.agent.metrics_listen)
-    agent = container(plugin_pod(objects), "agent")
+    agent = container(agent_pod(objects), "agent")
     assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in agent["ports"]
     for probe in ("livenessProbe", "readinessProbe"):
         assert agent[probe]["httpGet"]["port"] == "metrics"
@@ -270,8 +294,8 @@ def test_bad_listen_hosts_fail_the_install(values: Obj) -> None:
 def test_agent_node_name_comes_from_the_downward_api() -> None:
     from plugin.api.config import ENV_PREFIX
 
-    pod = plugin_pod(render())
-    env = {e["name"]: e for e in container(pod, "agent")["env"]}
+    objects = render()
+    env = {e["name"]: e for e in container(agent_pod(objects), "agent")["env"]}
     # Once, under the config's own name (the agent also reads NODE_NAME, but two
     # sources of one setting would only invite them to disagree).
     assert env[f"{ENV_PREFIX}AGENT__NODE_NAME"]["valueFrom"]["fieldRef"] == {
@@ -279,7 +303,7 @@ def test_agent_node_name_comes_from_the_downward_api() -> None:
     }
     assert "NODE_NAME" not in env
     # The device plugin never needs the node name.
-    plugin_env = {e["name"] for e in container(pod, "device-plugin")["env"]}
+    plugin_env = {e["name"] for e in container(plugin_pod(objects), "device-plugin")["env"]}
     assert not {"NODE_NAME", f"{ENV_PREFIX}AGENT__NODE_NAME"} & plugin_env
 
 

@@ -219,15 +219,16 @@ def _webhook(objects: list[Obj], kind: str) -> Obj:
     return matching[0]
 
 
-def test_the_webhook_and_plugin_pods_are_never_sent_to_the_webhook() -> None:
+def test_the_webhook_plugin_and_agent_pods_are_never_sent_to_the_webhook() -> None:
     objects = render(EVERYTHING)
     namespace_labels = {"kubernetes.io/metadata.name": NAMESPACE}
     for hook in one(objects, "MutatingWebhookConfiguration")["webhooks"]:
         assert not selects(hook["namespaceSelector"], namespace_labels)
-    # ... which matters: the plugin pods run under the nvidia runtime class.
-    daemonset = component(objects, "DaemonSet", "plugin")
-    assert daemonset["metadata"]["namespace"] == NAMESPACE
-    assert daemonset["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    # ... which matters: the plugin and agent pods run under the nvidia runtime class.
+    for name in ("plugin", "agent"):
+        daemonset = component(objects, "DaemonSet", name)
+        assert daemonset["metadata"]["namespace"] == NAMESPACE
+        assert daemonset["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
 
 
 # ------------------------------------------------------------ real CLIs
@@ -336,27 +337,29 @@ def test_metagpu_webhook_serves_what_the_configuration_calls(
 
 
 def test_config_change_rolls_the_pods() -> None:
-    def checksums(values: Obj) -> tuple[str, str]:
+    def checksums(values: Obj) -> tuple[str, str, str]:
         objects = render(values)
-        return (
-            component(objects, "Deployment", "webhook")["spec"]["template"]["metadata"][
-                "annotations"
-            ]["checksum/config"],
-            component(objects, "DaemonSet", "plugin")["spec"]["template"]["metadata"][
-                "annotations"
-            ]["checksum/config"],
+        workloads = (
+            component(objects, "Deployment", "webhook"),
+            component(objects, "DaemonSet", "plugin"),
+            component(objects, "DaemonSet", "agent"),
         )
+        webhook, plugin, agent = (
+            w["spec"]["template"]["metadata"]["annotations"]["checksum/config"] for w in workloads
+        )
+        return webhook, plugin, agent
 
     base = checksums({})
     webhook_changed = checksums({"webhook": {"denyPrivileged": False}})
     plugin_changed = checksums({"agent": {"intervalS": 10}})
     shared_changed = checksums({"unitsPerGpu": 50})
     assert webhook_changed[0] != base[0]
-    assert webhook_changed[1] == base[1]
+    assert webhook_changed[1:] == base[1:]
+    # plugin.yaml is one file for both DaemonSets: a change rolls both.
     assert plugin_changed[1] != base[1]
+    assert plugin_changed[2] != base[2]
     assert plugin_changed[0] == base[0]
-    assert shared_changed[0] != base[0]
-    assert shared_changed[1] != base[1]
+    assert all(changed != before for changed, before in zip(shared_changed, base, strict=True))
 
 
 # ----------------------------------------------------------- hardening
