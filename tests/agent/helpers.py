@@ -39,15 +39,18 @@ arrives on stdin, so the test can first place the process (write
 then runs mgctl's ``main``."""
 
 
-async def run_mgctl(
+async def start_mgctl(
     mgctl: Path,
     *args: str,
-    place: Callable[[int], None],
     uid: int | None = None,
     env: Mapping[str, str] | None = None,
-) -> tuple[int, str, str]:
-    """Run ``mgctl args`` as a real process placed by ``place(pid)``; (exit code, out, err)."""
-    proc = await asyncio.create_subprocess_exec(
+) -> asyncio.subprocess.Process:
+    """Start ``mgctl args`` under :data:`MGCTL_RUNNER`, its stdin, stdout and stderr piped.
+
+    It waits for a line on stdin before running mgctl: place it first. For
+    callers that talk to a running mgctl (``--watch``); :func:`run_mgctl` for
+    the rest."""
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-I",
         "-S",
@@ -61,6 +64,17 @@ async def run_mgctl(
         stderr=asyncio.subprocess.PIPE,
         env={"PATH": os.environ.get("PATH", ""), **(env or {})},
     )
+
+
+async def run_mgctl(
+    mgctl: Path,
+    *args: str,
+    place: Callable[[int], None],
+    uid: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, str, str]:
+    """Run ``mgctl args`` as a real process placed by ``place(pid)``; (exit code, out, err)."""
+    proc = await start_mgctl(mgctl, *args, uid=uid, env=env)
     place(proc.pid)
     out, err = await asyncio.wait_for(proc.communicate(b"go\n"), 30)
     assert proc.returncode is not None

@@ -40,7 +40,7 @@ from tests.agent.builders import (
     reading,
     ref,
 )
-from tests.agent.helpers import MGCTL_RUNNER, eventually, run_mgctl
+from tests.agent.helpers import eventually, run_mgctl, start_mgctl
 
 R = "cnvrg.io/metagpu"
 U0 = gpu_uuid(0)
@@ -314,19 +314,10 @@ async def test_watch_streams_documents_and_rides_out_a_missing_reading(node: Nod
     agent cannot answer yet goes to stderr and the watch carries on; Ctrl-C exits 0."""
     reading_ = node.snapshot
     node.snapshot = None
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-I",
-        "-S",
-        "-c",
-        MGCTL_RUNNER,
-        "-",
-        str(node.mgctl),
+    proc = await start_mgctl(
+        node.mgctl,
         *("get", "processes", "-o", "json", "--watch", "--interval", "0.05"),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={"PATH": os.environ.get("PATH", ""), ENV_AGENT_SOCKET: str(node.socket)},
+        env={ENV_AGENT_SOCKET: str(node.socket)},
     )
     assert proc.stdin is not None
     assert proc.stdout is not None
