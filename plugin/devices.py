@@ -28,6 +28,7 @@ from plugin.api.resources import (
     format_replica_id,
 )
 from plugin.backend import GpuInfo
+from plugin.row_index import RowIndex
 
 DEVICE_ORDER: Final = attrgetter("gpu.position", "unit")
 """Sort key for meta-devices: by GPU (NVML order), then unit; the order of
@@ -230,11 +231,9 @@ class DeviceTable:
         )
         self.by_id: Mapping[str, MetaDevice] = {d.id: d for d in self.devices}
         """Meta-device ID → device; the hot path of every allocation call."""
-        self.position_of: Mapping[str, int] = {d.id: d.gpu.position for d in self.devices}
-        """Meta-device ID → its GPU's position: lets the allocator map a whole
-        request to positions with ``map(position_of.__getitem__, ids)``, in C."""
-        self.id_set: frozenset[str] = frozenset(self.by_id)
-        """Every meta-device ID, for validating a whole request in one C call."""
+        self.rows = RowIndex([d.id for d in self.devices])
+        """Meta-device IDs → rows of ``devices`` (``position × units_per_gpu + unit``)
+        in bulk: the allocator maps a whole request with one call."""
         self.ids_by_gpu: tuple[tuple[ReplicaId, ...], ...] = tuple(
             tuple(d.id for d in self.devices[pos * units_per_gpu : (pos + 1) * units_per_gpu])
             for pos in range(len(self.gpus))
