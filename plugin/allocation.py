@@ -92,7 +92,7 @@ def preferred_allocation(
     if size < 0:
         raise AllocationError(f"allocation_size must be >= 0: {size}")
     must = list(dict.fromkeys(must_include))
-    _check_known(must, table)
+    must_rows = _rows(must, table)
     if len(must) > size:
         raise AllocationError(
             f"must_include holds {len(must)} devices but allocation_size is {size}"
@@ -102,11 +102,7 @@ def preferred_allocation(
     # One bool per table row: available and not already in must_include.
     # Duplicates in ``available`` fall together here, as in a set.
     pool = np.zeros(len(table), dtype=np.bool_)
-    try:
-        pool[table.rows.rows(available)] = True
-    except KeyError as exc:
-        raise UnknownDeviceError(exc.args[0], resource=table.resource) from None
-    must_rows = table.rows.rows(must)
+    pool[_rows(available, table)] = True
     pool[must_rows] = False
     pool_by_gpu = pool.reshape(ngpus, units)
     free: list[int] = pool_by_gpu.sum(axis=1).tolist()
@@ -164,11 +160,13 @@ def preferred_allocation(
     return _materialise(table, take=take, must_units=must_units, pool_by_gpu=pool_by_gpu)
 
 
-def _check_known(ids: Iterable[str], table: DeviceTable) -> None:
-    """:class:`UnknownDeviceError` naming the first ID ``table`` does not have."""
-    for device_id in ids:
-        if device_id not in table.by_id:
-            raise UnknownDeviceError(device_id, resource=table.resource)
+def _rows(ids: Sequence[str], table: DeviceTable) -> npt.NDArray[np.intp]:
+    """The table rows of ``ids``; :class:`UnknownDeviceError` naming the first
+    ID ``table`` does not have."""
+    try:
+        return table.rows.of(ids)
+    except KeyError as exc:
+        raise UnknownDeviceError(exc.args[0], resource=table.resource) from None
 
 
 def _materialise(

@@ -49,26 +49,23 @@ class RowIndex:
         """``hasher`` is ``hash`` in the plugin; tests pass one that collides,
         to drive the exact path."""
         self._hasher = hasher
-        self._ids = tuple(ids)
-        self._row_of = {device_id: row for row, device_id in enumerate(self._ids)}
-        if len(self._row_of) != len(self._ids):
+        ids = tuple(ids)
+        self._row_of = {device_id: row for row, device_id in enumerate(ids)}
+        if len(self._row_of) != len(ids):
             raise ValueError("meta-device IDs must be unique")
-        self._build()
-
-    def _build(self) -> None:
-        hashes = np.fromiter(map(self._hasher, self._ids), dtype=np.int64, count=len(self._ids))
+        hashes = np.fromiter(map(hasher, ids), dtype=np.int64, count=len(ids))
         order = np.argsort(hashes, kind="stable")
         self._hashes = hashes[order]
         self._rows: Rows = order.astype(np.intp)
         # Two IDs with one hash: the sorted array cannot tell them apart.
-        self._by_hash = bool(self._ids) and bool(np.all(self._hashes[1:] != self._hashes[:-1]))
+        self._by_hash = bool(ids) and bool(np.all(self._hashes[1:] != self._hashes[:-1]))
 
     @property
     def by_hash(self) -> bool:
         """Whether lookups go through the hashes (False: the exact ``dict`` path)."""
         return self._by_hash
 
-    def rows(self, ids: Sequence[str]) -> Rows:
+    def of(self, ids: Sequence[str]) -> Rows:
         """The table row of each of ``ids``, in order (duplicates repeat).
 
         Raises ``KeyError`` whose argument is the first ID (in the order

@@ -32,12 +32,12 @@ def index(request: pytest.FixtureRequest) -> RowIndex:
 
 def test_rows_in_the_order_asked_with_duplicates_repeated(index: RowIndex) -> None:
     asked = [IDS[199], IDS[0], IDS[57], IDS[0], IDS[120]]
-    assert index.rows(asked).tolist() == [199, 0, 57, 0, 120]
+    assert index.of(asked).tolist() == [199, 0, 57, 0, 120]
 
 
 def test_rows_of_every_id_and_of_none(index: RowIndex) -> None:
-    assert index.rows(list(reversed(IDS))).tolist() == list(reversed(range(len(IDS))))
-    assert index.rows([]).tolist() == []
+    assert index.of(list(reversed(IDS))).tolist() == list(reversed(range(len(IDS))))
+    assert index.of([]).tolist() == []
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_rows_of_every_id_and_of_none(index: RowIndex) -> None:
 )
 def test_the_first_unknown_id_is_named(index: RowIndex, unknown: str) -> None:
     with pytest.raises(KeyError) as caught:
-        index.rows([IDS[5], unknown, "also-unknown", IDS[6]])
+        index.of([IDS[5], unknown, "also-unknown", IDS[6]])
     assert caught.value.args == (unknown,)
 
 
@@ -61,14 +61,14 @@ def test_a_table_whose_ids_share_a_hash_is_looked_up_exactly() -> None:
     ids = ["a::1", "b::2", "cc::3"]
     index = RowIndex(ids, hasher=colliding)
     assert not index.by_hash
-    assert index.rows(["b::2", "a::1", "cc::3"]).tolist() == [1, 0, 2]
+    assert index.of(["b::2", "a::1", "cc::3"]).tolist() == [1, 0, 2]
 
 
 def test_an_empty_table_knows_no_id() -> None:
     index = RowIndex([])
-    assert index.rows([]).tolist() == []
+    assert index.of([]).tolist() == []
     with pytest.raises(KeyError) as caught:
-        index.rows(["GPU-x::0"])
+        index.of(["GPU-x::0"])
     assert caught.value.args == ("GPU-x::0",)
 
 
@@ -87,10 +87,10 @@ def test_an_index_unpickled_in_another_process_still_answers_right(tmp_path: Pat
         "import pickle, sys\n"
         f"index = pickle.loads(open({str(pickled)!r}, 'rb').read())\n"
         f"ids = {IDS!r}\n"
-        "rows = index.rows([ids[150], ids[2], ids[75]]).tolist()\n"
+        "rows = index.of([ids[150], ids[2], ids[75]]).tolist()\n"
         "assert rows == [150, 2, 75], rows\n"
         "try:\n"
-        "    index.rows([ids[1], 'GPU-unknown::0'])\n"
+        "    index.of([ids[1], 'GPU-unknown::0'])\n"
         "except KeyError as exc:\n"
         "    assert exc.args == ('GPU-unknown::0',), exc.args\n"
         "else:\n"
