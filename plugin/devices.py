@@ -230,7 +230,7 @@ class DeviceTable:
             for unit in range(units_per_gpu)
         )
         self.by_id: Mapping[str, MetaDevice] = {d.id: d for d in self.devices}
-        """Meta-device ID → device; the hot path of every allocation call."""
+        """Meta-device ID → device: every ``Allocate`` call checks its IDs here, exactly."""
         self.rows = RowIndex([d.id for d in self.devices])
         """Meta-device IDs → rows of ``devices`` (``position × units_per_gpu + unit``)
         in bulk: the allocator maps a whole request with one call."""
