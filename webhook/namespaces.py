@@ -70,6 +70,15 @@ class NamespaceSource(Protocol):
     @property
     def status(self) -> str: ...
 
+    def cached(self, name: str) -> NamespaceFacts | None:
+        """The facts when they are known without I/O, else None (then call :meth:`facts`).
+
+        The server answers most reviews in a synchronous batch
+        (:mod:`webhook.batching`); only a namespace this returns None for
+        takes the awaited path.
+        """
+        ...
+
     async def facts(self, name: str) -> NamespaceFacts: ...
 
 
@@ -87,10 +96,13 @@ class StaticNamespaces:
     def status(self) -> str:
         return "disabled (running on config alone)"
 
-    async def facts(self, name: str) -> NamespaceFacts:
+    def cached(self, name: str) -> NamespaceFacts:
         if self._metrics is not None:
             self._metrics.namespace_lookup("disabled")
         return NO_NAMESPACE_FACTS
+
+    async def facts(self, name: str) -> NamespaceFacts:
+        return self.cached(name)
 
     async def __aenter__(self) -> StaticNamespaces:
         return self
@@ -206,7 +218,8 @@ class NamespaceCache:
         await self._synced.wait()
 
     # --------------------------------------------------------------- lookup
-    async def facts(self, name: str) -> NamespaceFacts:
+    def cached(self, name: str) -> NamespaceFacts | None:
+        """Cache hits, and names whose last GET failed moments ago (no new GET yet)."""
         cached = self._cache.get(name)
         if cached is not None:
             self._count("cache")
@@ -214,10 +227,15 @@ class NamespaceCache:
         if self._synced.is_set() and name in self._known:
             self._count("cache")
             return NO_NAMESPACE_FACTS
-        loop = asyncio.get_running_loop()
-        if self._failed_until.get(name, 0.0) > loop.time():
+        if self._failed_until.get(name, 0.0) > asyncio.get_running_loop().time():
             self._count("error")
             return self._failure(name, "the last lookup failed moments ago")
+        return None
+
+    async def facts(self, name: str) -> NamespaceFacts:
+        known = self.cached(name)
+        if known is not None:
+            return known
         task = self._inflight.get(name)
         if task is None:
             task = asyncio.create_task(self._get(name), name=f"metagpu-webhook-ns-get-{name}")

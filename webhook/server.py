@@ -1,7 +1,11 @@
 """The HTTPS shell around the rules (adapter): app factory, handlers, TLS, runner.
 
-``POST /mutate`` decodes an AdmissionReview, looks up the namespace facts (the
-only I/O), calls :func:`webhook.admission.admit` and encodes the answer.
+``POST /mutate`` reads the body, then queues it: the reviews that arrived in
+one event-loop iteration are decoded, judged by :func:`webhook.admission.admit`
+and encoded back to back in one callback (:mod:`webhook.batching`), which keeps
+the parser's and the rules' code in cache under load. The namespace facts come
+from the cache without I/O; a namespace it does not know is looked up (the only
+I/O) by the request's own handler, off the batch.
 ``GET /healthz`` (the process answers), ``/readyz`` (namespace cache synced or
 given up on, not draining) and ``/metrics`` (Prometheus) share the port and
 the certificate: the kubelet probes with ``scheme: HTTPS`` and skips
@@ -33,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import gc
 import json
 import logging
@@ -48,6 +53,7 @@ from aiohttp import web
 
 from certs.tls import ReloadingTLS, ServingPair
 from webhook.admission import Target, admit, classify, namespace_to_look_up
+from webhook.batching import Batcher
 from webhook.config import WebhookConfig
 from webhook.embedded import ensure_local_bundle
 from webhook.metrics import METRICS_CONTENT_TYPE, Outcome, WebhookMetrics
@@ -82,12 +88,14 @@ class WebhookState:
 
 
 STATE_KEY: Final = web.AppKey("metagpu_webhook_state", WebhookState)
+REVIEWS_KEY: Final = web.AppKey("metagpu_webhook_reviews", Batcher[tuple[bytes, float], "Reviewed"])
 
 
 def create_app(state: WebhookState) -> web.Application:
     """The aiohttp application: routes, state, and the background tasks' lifecycles."""
     app = web.Application(client_max_size=state.config.max_body_bytes)
     app[STATE_KEY] = state
+    app[REVIEWS_KEY] = Batcher(functools.partial(_review, state))
     app.router.add_post(MUTATE_PATH, handle_mutate)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
@@ -100,6 +108,12 @@ def create_app(state: WebhookState) -> web.Application:
 
 # ------------------------------------------------------------ handlers
 async def handle_mutate(request: web.Request) -> web.Response:
+    """Checks what aiohttp can check, then queues the body for :func:`_review`.
+
+    The review itself runs in a batch with the others that arrived in the same
+    event-loop iteration (:mod:`webhook.batching`); only a namespace the
+    cache does not know comes back here to be looked up (the one await).
+    """
     state = request.app[STATE_KEY]
     started = time.perf_counter()
     max_bytes = state.config.max_body_bytes
@@ -116,25 +130,63 @@ async def handle_mutate(request: web.Request) -> web.Response:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         return _bad_request(state, started, _too_large(None, max_bytes))
+
+    answer = await request.app[REVIEWS_KEY].submit((body, started))
+    if isinstance(answer, web.Response):
+        return answer
+    try:
+        facts = await answer.source.facts(answer.namespace)
+        return _answer(state, answer.review, target=answer.target, namespace=facts, started=started)
+    except Exception:
+        return _internal_error(state, answer.review, answer.target, started)
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceNeeded:
+    """A review that waits for its namespace's facts (not cached: one GET)."""
+
+    review: AdmissionRequest
+    target: Target
+    source: NamespaceSource
+    namespace: str
+
+
+Reviewed = web.Response | NamespaceNeeded
+"""What :func:`_review` gives the handler: the answer, or the lookup it needs first."""
+
+
+def _review(state: WebhookState, received: tuple[bytes, float]) -> Reviewed:
+    """One review, synchronously, from the body to the HTTP answer (run by the batcher)."""
+    body, started = received
     try:
         review = decode_review(body)
     except ReviewError as exc:
         return _bad_request(state, started, str(exc))
-
-    target = classify(review)
+    target: Target = "other"  # for the metrics, should classify itself fail
     try:
+        target = classify(review)
         facts = NO_NAMESPACE_FACTS
         ns_name = namespace_to_look_up(review, target=target)
-        if ns_name is not None and state.namespaces is not None:
-            facts = await state.namespaces.facts(ns_name)
+        source = state.namespaces
+        if ns_name is not None and source is not None:
+            known = source.cached(ns_name)
+            if known is None:
+                return NamespaceNeeded(review, target, source, ns_name)
+            facts = known
         return _answer(state, review, target=target, namespace=facts, started=started)
     except Exception:
-        # A bug, not a bad review: say so (500), count it, keep serving.
-        logger.exception("internal error while reviewing", extra=_ref(review))
-        state.metrics.observe("error", target, time.perf_counter() - started)
-        return web.Response(
-            status=500, text=f"internal error reviewing uid {review['uid']}; see the webhook log\n"
-        )
+        return _internal_error(state, review, target, started)
+
+
+def _internal_error(
+    state: WebhookState, review: AdmissionRequest, target: Target, started: float
+) -> web.Response:
+    """A bug, not a bad review: say so (500), count it, keep serving."""
+    logger.exception("internal error while reviewing", extra=_ref(review))
+    state.metrics.observe("error", target, time.perf_counter() - started)
+    return web.Response(
+        status=500, text=f"internal error reviewing uid {review['uid']}; see the webhook log\n"
+    )
 
 
 def _answer(

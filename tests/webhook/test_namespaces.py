@@ -76,7 +76,11 @@ async def test_lists_then_serves_from_cache(
     assert await cache.facts("team-a") == NamespaceFacts(compute_policy="fixed")
     assert await cache.facts("team-b") == NamespaceFacts(inject="false")
     assert await cache.facts("plain") == NamespaceFacts()
-    assert len(api.requests) == before  # all three from the cache
+    # What the server's batch asks first: the same answers, without I/O.
+    assert cache.cached("team-a") == NamespaceFacts(compute_policy="fixed")
+    assert cache.cached("plain") == NamespaceFacts()
+    assert cache.cached("not-there") is None  # only a GET can say
+    assert len(api.requests) == before  # all from the cache
 
 
 async def test_follows_changes_through_the_watch(
@@ -133,6 +137,9 @@ async def test_concurrent_misses_share_one_get(
     again = await cache.facts("missing")  # failed moments ago: no new GET
     assert _count(api, "get") == gets + 1
     assert "the last lookup failed moments ago" in again.warnings[0]
+    known = cache.cached("missing")  # the back-off needs no I/O either
+    assert known is not None
+    assert "the last lookup failed moments ago" in known.warnings[0]
 
 
 class CannedResponse:

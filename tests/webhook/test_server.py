@@ -172,22 +172,40 @@ def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 class FakeNamespaces:
-    """A NamespaceSource with scripted facts and readiness."""
+    """A NamespaceSource with scripted facts and readiness.
 
-    def __init__(self, facts: dict[str, NamespaceFacts], *, ready: bool = True) -> None:
+    ``cached=True`` answers every name without I/O (a synced cache);
+    ``cached=False`` makes every review take the awaited lookup (a miss).
+    """
+
+    def __init__(
+        self, facts: dict[str, NamespaceFacts], *, ready: bool = True, cached: bool = True
+    ) -> None:
         self._facts = facts
+        self._cached = cached
         self.ready = ready
         self.status = "fake"
-        self.asked: list[str] = []
+        self.asked: list[tuple[str, str]] = []
+
+    def cached(self, name: str) -> NamespaceFacts | None:
+        if not self._cached:
+            return None
+        self.asked.append(("cached", name))
+        return self._facts.get(name, NamespaceFacts())
 
     async def facts(self, name: str) -> NamespaceFacts:
-        self.asked.append(name)
+        await asyncio.sleep(0)  # a real miss suspends: let the rest of the batch go on
+        self.asked.append(("fetched", name))
         return self._facts.get(name, NamespaceFacts())
 
 
-async def test_namespace_facts_reach_the_rules_and_the_warnings(ca_bundle: BundlePaths) -> None:
+@pytest.mark.parametrize("how", ["cached", "fetched"])
+async def test_namespace_facts_reach_the_rules_and_the_warnings(
+    ca_bundle: BundlePaths, how: str
+) -> None:
     source = FakeNamespaces(
-        {"team-a": NamespaceFacts(compute_policy="fixed", warnings=("namespace cache degraded",))}
+        {"team-a": NamespaceFacts(compute_policy="fixed", warnings=("namespace cache degraded",))},
+        cached=how == "cached",
     )
     async with (
         running_webhook(webhook_config(ca_bundle), namespaces=source) as hook,
@@ -196,7 +214,7 @@ async def test_namespace_facts_reach_the_rules_and_the_warnings(ca_bundle: Bundl
         c = ReviewClient(session, hook.url, client_context(ca_bundle.ca_file))
         answer = await c.post(review())
         not_ours = await c.post(load_admission_fixture("pod-update-no-gpu.json"))
-    assert source.asked == ["team-a"]  # pod UPDATE needs no namespace facts
+    assert source.asked == [(how, "team-a")]  # pod UPDATE needs no namespace facts
     assert not_ours.status == 200
     assert "namespace cache degraded" in answer.response["warnings"]
     ops: dict[str, Any] = {op["path"]: op.get("value") for op in answer.patch}
@@ -330,13 +348,33 @@ async def test_ipv6_listen(ca_bundle: BundlePaths, tmp_path: Path) -> None:
 
 
 async def test_concurrent_requests_are_independent(client: ReviewClient) -> None:
-    bodies = []
-    for i in range(20):
-        r = copy.deepcopy(review())
-        r["request"]["uid"] = f"uid-{i}"
-        bodies.append(r)
-    answers = await asyncio.gather(*(client.post(b) for b in bodies))
-    assert [a.response["uid"] for a in answers] == [f"uid-{i}" for i in range(20)]
+    """Reviews answered in one batch get exactly the answers they get one at a time.
+
+    A mix of outcomes (mutated, denied, unchanged, refused with 400) with a
+    distinct uid each, sent 40 at once so that the server batches them.
+    """
+    sources = [
+        review(),
+        load_admission_fixture("pod-0.333-gpu.json"),
+        load_admission_fixture("pod-update-no-gpu.json"),
+        None,  # not JSON: a 400
+    ]
+    bodies: list[bytes] = []
+    for i in range(40):
+        source = sources[i % len(sources)]
+        if source is None:
+            bodies.append(b'{"apiVersion": "admission.k8s.io/v1", "uid-%d' % i)
+            continue
+        data = copy.deepcopy(source)
+        data["request"]["uid"] = f"uid-{i}"
+        bodies.append(json.dumps(data).encode())
+    alone = [await client.post(b) for b in bodies]
+    together = await asyncio.gather(*(client.post(b) for b in bodies))
+    assert [(a.status, a.text) for a in together] == [(a.status, a.text) for a in alone]
+    assert {a.status for a in alone} == {200, 400}
+    assert [a.response["uid"] for a in together if a.status == 200] == [
+        f"uid-{i}" for i in range(40) if i % len(sources) != 3
+    ]
 
 
 async def test_denials_are_logged_with_the_object_reference(
@@ -369,6 +407,34 @@ async def test_a_bug_in_the_rules_is_a_500_and_the_server_stays_up(
     assert any("internal error while reviewing" in r.getMessage() for r in caplog.records)
     monkeypatch.undo()
     assert (await client.post(review())).status == 200
+
+
+async def test_a_bug_after_a_namespace_lookup_is_a_500_too(
+    ca_bundle: BundlePaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review that waited for its namespace (not cached) is answered off the batch."""
+    import webhook.server
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    source = FakeNamespaces({}, cached=False)
+    async with (
+        running_webhook(webhook_config(ca_bundle), namespaces=source) as hook,
+        aiohttp.ClientSession() as session,
+    ):
+        c = ReviewClient(session, hook.url, client_context(ca_bundle.ca_file))
+        monkeypatch.setattr(webhook.server, "admit", broken)
+        answer = await c.post(review())
+        monkeypatch.undo()
+        after = await c.post(review())
+        samples = scrape((await c.get("/metrics")).text)
+    errors = samples[("metagpu_webhook_requests_total", (("outcome", "error"), ("target", "pod")))]
+    assert source.asked == [("fetched", "team-a"), ("fetched", "team-a")]
+    assert answer.status == 500
+    assert "internal error reviewing uid 6a07c661" in answer.text
+    assert after.status == 200
+    assert errors == 1
 
 
 def _half_gpu_body(transform: Any) -> bytes:
