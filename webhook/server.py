@@ -131,14 +131,15 @@ async def handle_mutate(request: web.Request) -> web.Response:
     except web.HTTPRequestEntityTooLarge:
         return _bad_request(state, started, _too_large(None, max_bytes))
 
-    answer = await request.app[REVIEWS_KEY].submit((body, started))
-    if isinstance(answer, web.Response):
-        return answer
+    reviewed = await request.app[REVIEWS_KEY].submit((body, started))
+    if isinstance(reviewed, web.Response):
+        return reviewed
+    review, target = reviewed.review, reviewed.target
     try:
-        facts = await answer.source.facts(answer.namespace)
-        return _answer(state, answer.review, target=answer.target, namespace=facts, started=started)
+        facts = await reviewed.source.facts(reviewed.namespace)
+        return _answer(state, review, target=target, namespace=facts, started=started)
     except Exception:
-        return _internal_error(state, answer.review, answer.target, started)
+        return _internal_error(state, review, target, started)
 
 
 @dataclass(frozen=True, slots=True)

@@ -467,7 +467,7 @@ def coordinate(args: argparse.Namespace) -> int:
     )
     print(f"  failed requests: {errors}")
     if args.breakdown:
-        print("\nwhere /mutate's server CPU goes (each step done inside a floor's handler):")
+        print("\nwhere /mutate's server CPU goes (each step done through a floor's batcher):")
         previous = med("floor", "cpu_us_per_request")
         for name, label in (
             *((f"+{step}", STEP_LABELS[step]) for step in STEPS),
