@@ -392,15 +392,17 @@ async def test_denials_are_logged_with_the_object_reference(
     assert records["mutated"].__dict__["operations"] == len(mutated.patch)
 
 
+def _broken_admit(*args: object, **kwargs: object) -> None:
+    """Stands in for the rules to play a bug in them."""
+    raise RuntimeError("boom")
+
+
 async def test_a_bug_in_the_rules_is_a_500_and_the_server_stays_up(
     client: ReviewClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import webhook.server
 
-    def broken(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(webhook.server, "admit", broken)
+    monkeypatch.setattr(webhook.server, "admit", _broken_admit)
     answer = await client.post(review())
     assert answer.status == 500
     assert "internal error reviewing uid 6a07c661" in answer.text
@@ -415,16 +417,13 @@ async def test_a_bug_after_a_namespace_lookup_is_a_500_too(
     """The review that waited for its namespace (not cached) is answered off the batch."""
     import webhook.server
 
-    def broken(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("boom")
-
     source = FakeNamespaces({}, cached=False)
     async with (
         running_webhook(webhook_config(ca_bundle), namespaces=source) as hook,
         aiohttp.ClientSession() as session,
     ):
         c = ReviewClient(session, hook.url, client_context(ca_bundle.ca_file))
-        monkeypatch.setattr(webhook.server, "admit", broken)
+        monkeypatch.setattr(webhook.server, "admit", _broken_admit)
         answer = await c.post(review())
         monkeypatch.undo()
         after = await c.post(review())
