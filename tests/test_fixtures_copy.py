@@ -22,7 +22,8 @@ def test_every_fixture_is_an_admission_review() -> None:
     import json
 
     names = sorted(Path(ADMISSION_FIXTURES).glob("*.json"))
-    assert len(names) == 12  # one per row of the README table (two UPDATE captures share a row)
+    # one per row of the README tables (two UPDATE captures share a row)
+    assert len(names) == 17
     for path in names:
         review = json.loads(path.read_text())
         assert review["apiVersion"] == "admission.k8s.io/v1", path.name

@@ -9,13 +9,15 @@ What is ours (everything else is allowed unchanged, so a webhook registered
 too broadly never blocks anything):
 
 * ``pods`` CREATE: rules 1-8;
+* ``pods`` UPDATE: rule 1 for a re-applied manifest (``kubectl apply`` of a Pod
+  again), which must come back to the pod as stored;
 * ``pods/ephemeralcontainers`` UPDATE (``kubectl debug``): rule 5;
 * workloads (Deployment, StatefulSet, DaemonSet, ReplicaSet,
   ReplicationController, Job, CronJob) CREATE and UPDATE: rule 9.
 
-Pod UPDATE (labels, status, ...) and DELETE are never mutated: the resources
-of a running pod cannot change, and ``dryRun`` requests get exactly what a
-real request would (the rules have no side effects to skip).
+Any other Pod UPDATE (labels, finalizers, ...) and DELETE are never mutated:
+the resources of a running pod cannot change, and ``dryRun`` requests get
+exactly what a real request would (the rules have no side effects to skip).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from webhook.rules import (
     RuleSettings,
     mutate_ephemeral_containers,
     mutate_pod,
+    mutate_pod_update,
     mutate_workload,
 )
 
-Target = Literal["pod", "ephemeral-containers", "workload", "other"]
+Target = Literal["pod", "pod-update", "ephemeral-containers", "workload", "other"]
 
 WORKLOAD_VERSIONS: Final[dict[str, str]] = {"apps": "v1", "batch": "v1", "": "v1"}
 """The API versions whose workload schema the template paths were written for."""
@@ -56,6 +59,8 @@ def classify(request: AdmissionRequest) -> Target:
             return "pod"
         if operation == "UPDATE" and sub == "ephemeralcontainers":
             return "ephemeral-containers"
+        if operation == "UPDATE" and not sub:
+            return "pod-update"
         return "other"
     if (
         (group, name) in WORKLOAD_TEMPLATE_PATHS
@@ -72,7 +77,10 @@ def namespace_to_look_up(request: AdmissionRequest, *, target: Target | None = N
 
     ``target`` is ``classify(request)`` when the caller already has it.
     """
-    if (target or classify(request)) == "other":
+    if (target or classify(request)) in ("other", "pod-update"):
+        # A pod UPDATE only ever brings a re-applied pod back to what is stored,
+        # which no namespace fact changes; most of them (labels, finalizers) are
+        # not even ours. The namespaceSelector keeps opted-out namespaces away.
         return None
     return request.get("namespace") or None
 
@@ -95,6 +103,10 @@ def admit(
         return UNCHANGED
     if target == "pod":
         return mutate_pod(obj, settings=settings, namespace=namespace)
+    if target == "pod-update":
+        return mutate_pod_update(
+            obj, old_pod=request.get("oldObject"), settings=settings, namespace=namespace
+        )
     if target == "ephemeral-containers":
         return mutate_ephemeral_containers(
             obj, old_pod=request.get("oldObject"), settings=settings, namespace=namespace

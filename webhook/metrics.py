@@ -35,7 +35,7 @@ OUTCOMES: Final[tuple[Outcome, ...]] = ("allowed-mutated", "allowed-unchanged", 
 NamespaceLookup = Literal["cache", "get", "error", "disabled"]
 NAMESPACE_LOOKUPS: Final[tuple[NamespaceLookup, ...]] = ("cache", "get", "error", "disabled")
 
-TARGETS: Final = ("pod", "ephemeral-containers", "workload", "other", "invalid")
+TARGETS: Final = ("pod", "pod-update", "ephemeral-containers", "workload", "other", "invalid")
 """Label values for ``target``: a closed set, so a hostile client cannot grow the series."""
 
 LATENCY_BUCKETS_S: Final = (

@@ -43,7 +43,7 @@ from plugin.api.resources import (
     COMPUTE_POLICIES,
 )
 from webhook.config import ComputePolicy
-from webhook.conversion import check_pod_resources, plan_gpu
+from webhook.conversion import GpuPlan, check_pod_resources, plan_gpu
 from webhook.environment import (
     EnvEdit,
     add_policy_env,
@@ -89,6 +89,7 @@ __all__ = [
     "RuleSettings",
     "mutate_ephemeral_containers",
     "mutate_pod",
+    "mutate_pod_update",
     "mutate_workload",
     "share_percent",
 ]
@@ -131,7 +132,7 @@ def mutate_pod(
                 )
         return _decide(findings, [], namespace=namespace)
 
-    plans = [plan_gpu(c, settings=settings, findings=findings) for c in pod_containers]
+    plans = [plan_gpu(c, settings=settings, findings=findings, meta=meta) for c in pod_containers]
     check_pod_resources(spec, settings=settings, findings=findings)
     ops: list[PatchOperation] = []
     uses_metagpu = False
@@ -180,12 +181,94 @@ def mutate_pod(
         ops.extend(edit.ops())
 
     record = {p.container.name: p.original for p in plans if p.original}
+    restated = frozenset(p.container.name for p in plans if p.restates_request)
+    dropped = frozenset(p.container.name for p in plans if p.leaves_metagpu)
     return _decide(
         findings,
         ops,
         namespace=namespace,
-        meta=_MetaChange("/metadata", meta, annotations, record),
+        meta=_MetaChange("/metadata", meta, annotations, record, restated, dropped),
     )
+
+
+def mutate_pod_update(
+    pod: Obj,
+    *,
+    old_pod: Obj | None,
+    settings: RuleSettings,
+    namespace: NamespaceFacts = NO_NAMESPACE_FACTS,
+) -> Decision:
+    """Rule 1 for a Pod UPDATE: a re-applied manifest is the pod it already is.
+
+    ``kubectl apply`` of a Pod manifest again merges ``nvidia.com/gpu: 0.5``
+    back into a pod that holds ``cnvrg.io/metagpu: 50``; without help the API
+    server refuses it (``must be an integer``). The same conversion as on CREATE
+    turns it back into the stored pod. A pod's resources cannot change after
+    creation, so a manifest that now asks for a different share is refused with
+    what to do instead; the API server would refuse it anyway, less clearly.
+    Every other UPDATE (labels, finalizers, ...) is left alone: rules 2-5 were
+    applied at creation, and the fields they set cannot change.
+    """
+    meta = as_map(pod.get("metadata"), "metadata")
+    if opted_out(meta, namespace):
+        return UNCHANGED
+    spec = as_map(pod.get("spec"), "spec")
+    findings = Findings()
+    held = _held_units(old_pod, settings)
+    ops: list[PatchOperation] = []
+    record: dict[str, Mapping[str, str]] = {}
+    restated: set[str] = set()
+    dropped: set[str] = set()
+    for c in containers(spec, "/spec"):
+        plan = plan_gpu(c, settings=settings, findings=findings, meta=meta)
+        if not plan.resource_ops:
+            continue  # nothing to convert: whatever else changed is not ours
+        before = held.get(c.name)
+        if before is not None and before != (plan.resource, plan.units):
+            findings.deny(
+                f"{c.label}: the manifest asks for {_asked(plan)}, but this pod was created "
+                f"with {before[0]} {before[1]} and a running pod's GPU share cannot change; "
+                "delete the pod and create it again (or change the share in its Deployment, "
+                "Job or other workload, whose pods are then replaced)"
+            )
+            continue
+        ops.extend(plan.resource_ops)
+        findings.warnings.extend(plan.warnings)
+        if plan.original:
+            record[c.name] = plan.original
+        if plan.restates_request:
+            restated.add(c.name)
+        if plan.leaves_metagpu:
+            dropped.add(c.name)
+    if not ops and not findings.problems:
+        return UNCHANGED
+    return _decide(
+        findings,
+        ops,
+        namespace=namespace,
+        meta=_MetaChange("/metadata", meta, {}, record, frozenset(restated), frozenset(dropped)),
+    )
+
+
+def _held_units(old_pod: Obj | None, settings: RuleSettings) -> dict[str, tuple[str, int]]:
+    """Per container of the stored pod: (metagpu resource, units) it holds."""
+    if old_pod is None:
+        return {}
+    held: dict[str, tuple[str, int]] = {}
+    old_spec = as_map(old_pod.get("spec"), "oldObject.spec")
+    for c in containers(old_spec, "/spec"):
+        limits = as_map(as_map(c.obj.get("resources"), c.label).get("limits"), c.label)
+        for name in settings.metagpu_resources:
+            raw = limits.get(name)
+            if isinstance(raw, str) and raw.isdigit():
+                held[c.name] = (name, int(raw))
+                break
+    return held
+
+
+def _asked(plan: GpuPlan) -> str:
+    """``nvidia.com/gpu 700m``: what the container's manifest asks for, as sent."""
+    return ", ".join(f"{k} {v}" for k, v in (plan.original or {}).items())
 
 
 def mutate_ephemeral_containers(
@@ -270,15 +353,23 @@ def mutate_workload(
     base = "/" + "/".join(path)
     ops: list[PatchOperation] = []
     record: dict[str, Mapping[str, str]] = {}
+    restated: set[str] = set()
+    dropped: set[str] = set()
     for c in containers(spec, base + "/spec"):
-        plan = plan_gpu(c, settings=settings, findings=findings)
+        plan = plan_gpu(c, settings=settings, findings=findings, meta=meta)
         ops.extend(plan.resource_ops)
         findings.warnings.extend(f"{kind} template: {w}" for w in plan.warnings)
         if plan.resource_ops and plan.original:
             record[c.name] = plan.original
+            if plan.restates_request:
+                restated.add(c.name)
+        if plan.leaves_metagpu:
+            dropped.add(c.name)
     if not ops:
         return _decide(findings, [], namespace=namespace)
-    meta_change = _MetaChange(base + "/metadata", meta, {}, record)
+    meta_change = _MetaChange(
+        base + "/metadata", meta, {}, record, frozenset(restated), frozenset(dropped)
+    )
     return _decide(findings, ops, namespace=namespace, meta=meta_change)
 
 
@@ -290,6 +381,10 @@ class _MetaChange(NamedTuple):
     meta: Obj
     annotations: dict[str, str]
     record: dict[str, Mapping[str, str]]
+    restated: frozenset[str] = frozenset()
+    """Containers whose request replaces an older record (:attr:`GpuPlan.restates_request`)."""
+    dropped: frozenset[str] = frozenset()
+    """Containers that no longer use metagpu (:attr:`GpuPlan.leaves_metagpu`): out of the record."""
 
 
 def _decide(
@@ -320,8 +415,16 @@ def _decide(
         )
     if meta is not None and (ops or meta.annotations):
         annotations = meta.annotations
-        recorded = _merged_record(annotations_of(meta.meta), meta.record, findings)
-        if recorded is not None:
+        recorded = _merged_record(
+            annotations_of(meta.meta),
+            meta.record,
+            findings,
+            replace=meta.restated,
+            drop=meta.dropped,
+        )
+        if recorded == "":
+            ops.append(_record_removal(meta.base, annotations_of(meta.meta)))
+        elif recorded is not None:
             annotations[ANNOTATION_ORIGINAL_REQUEST] = recorded
         ops.extend(_annotation_ops(meta.base, meta.meta, annotations))
     if not ops and not findings.warnings:
@@ -420,13 +523,24 @@ _RECORD_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 
 
 def _merged_record(
-    annotations: Obj, record: dict[str, Mapping[str, str]], findings: Findings
+    annotations: Obj,
+    record: dict[str, Mapping[str, str]],
+    findings: Findings,
+    *,
+    replace: frozenset[str] = frozenset(),
+    drop: frozenset[str] = frozenset(),
 ) -> str | None:
-    """The ``original-request`` value after this run, or None when it need not change.
+    """The ``original-request`` value after this run, or None when it need not change,
+    or ``""`` when the annotation goes (the containers in ``drop`` left metagpu, and
+    none is left to record).
 
     An earlier record wins for a container it already names: after a
     Deployment's template was converted, its pods arrive with units, and the
-    record inherited from the template still says what the user wrote.
+    record inherited from the template still says what the user wrote. Except
+    for the containers in ``replace``, whose fraction was converted just now: a
+    re-applied manifest says what the user wants now (``0.5`` changed to
+    ``0.7``), so its request replaces the record, and a record that says
+    something else than the units held would refuse the next re-apply.
     """
     old = annotations.get(ANNOTATION_ORIGINAL_REQUEST)
     if old is None:
@@ -443,7 +557,14 @@ def _merged_record(
             f"annotation {ANNOTATION_ORIGINAL_REQUEST} was not a JSON object; replaced it"
         )
     for name, original in record.items():
-        merged.setdefault(name, original)
+        if name in replace:
+            merged[name] = original
+        else:
+            merged.setdefault(name, original)
+    for name in drop:
+        merged.pop(name, None)
+    if not merged:
+        return ""
     text = _RECORD_ENCODER.encode(merged)
     return None if text == old else text
 
@@ -462,6 +583,14 @@ def _record_text(record: dict[str, Mapping[str, str]]) -> str:
     if text.isascii() and b"\x7f" not in text:
         return text.decode("ascii")
     return _RECORD_ENCODER.encode(record)
+
+
+def _record_removal(base: str, annotations: Obj) -> PatchOperation:
+    """Remove the record; with the map when it held nothing else (the webhook made it)."""
+    if len(annotations) == 1:
+        return {"op": "remove", "path": f"{base}/annotations"}
+    key = escape_pointer(ANNOTATION_ORIGINAL_REQUEST)
+    return {"op": "remove", "path": f"{base}/annotations/{key}"}
 
 
 def _annotation_ops(base: str, meta: Obj, annotations: Mapping[str, str]) -> list[PatchOperation]:

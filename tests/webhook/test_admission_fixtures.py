@@ -133,6 +133,44 @@ def deployment(fixture: Obj, out: Obj, answer: HttpAnswer) -> None:
     }
 
 
+def reapplied_unchanged(fixture: Obj, out: Obj, answer: HttpAnswer) -> None:
+    """A manifest applied again: the object comes back to exactly what is stored.
+
+    So ``kubectl diff`` and a GitOps tool's server-side diff see no change.
+    """
+    stored = fixture["request"]["oldObject"]
+    assert out["spec"] == stored["spec"]
+    assert units(out, "main") == ("50", "50")
+    assert not any("→" in w for w in answer.response.get("warnings", []))
+
+
+def reapplied_changed(fixture: Obj, out: Obj, answer: HttpAnswer) -> None:
+    """The fraction changed 0.5 → 0.7: the units follow it, and so does the record."""
+    template = out["spec"]["template"]
+    assert template["spec"]["containers"][0]["resources"] == {
+        "limits": {METAGPU: "70"},
+        "requests": {METAGPU: "70"},
+    }
+    assert json.loads(template["metadata"]["annotations"][ORIGINAL]) == {
+        "main": {"nvidia.com/gpu": "700m"}
+    }
+    assert any(
+        'nvidia.com/gpu 0.7 ("700m"): cnvrg.io/metagpu 50 → 70' in w
+        for w in answer.response["warnings"]
+    )
+
+
+def replaced(fixture: Obj, out: Obj, answer: HttpAnswer) -> None:
+    """``kubectl replace`` of the original manifest: converted again, as on create."""
+    assert container(out, "main")["resources"] == {
+        "limits": {METAGPU: "50"},
+        "requests": {METAGPU: "50"},
+    }
+    assert json.loads(out["spec"]["template"]["metadata"]["annotations"][ORIGINAL]) == {
+        "main": {"nvidia.com/gpu": "500m"}
+    }
+
+
 def unchanged(fixture: Obj, out: Obj, answer: HttpAnswer) -> None:
     assert answer.patch == []
     assert "patchType" not in answer.response
@@ -150,6 +188,11 @@ ALLOWED: dict[str, Callable[[Obj, Obj, HttpAnswer], None]] = {
     "pod-update-no-gpu.json": unchanged,
     "deployment-half-gpu.json": deployment,
     "statefulset-metagpu-20.json": unchanged,
+    "deployment-reapply-client-side-same.json": reapplied_unchanged,
+    "deployment-helm-upgrade-same.json": reapplied_unchanged,
+    "deployment-reapply-client-side-0.7.json": reapplied_changed,
+    "deployment-rollout-restart.json": unchanged,
+    "deployment-replace.json": replaced,
 }
 
 DENIED: dict[str, tuple[int, list[str]]] = {
