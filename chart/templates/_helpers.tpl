@@ -218,7 +218,25 @@ an evaluation error under failurePolicy Fail would reject the request. */}}
 {{- define "metagpu.cel.podMentionsGpu" -}}
 {{ include "metagpu.cel.guards" "object.spec" }} && (
 {{ include "metagpu.cel.specMentionsGpu" (dict "root" . "spec" "object.spec" "lists" (list "containers" "initContainers" "ephemeralContainers")) }}
+) && (
+{{ include "metagpu.cel.podUpdateIsOurs" . }}
 )
+{{- end -}}
+
+{{/* Which pod UPDATEs the webhook sees: only a re-applied manifest (`kubectl
+apply` of a Pod again), where one container holds the metagpu units the webhook
+wrote AND asks for a GPU again (a fraction, or whole nvidia.com/gpu). A stored
+pod never has both, so label, annotation and finalizer updates of GPU pods never
+wait on the webhook. CREATE and the ephemeralcontainers subresource pass. */}}
+{{- define "metagpu.cel.podUpdateIsOurs" -}}
+{{- $metagpu := include "metagpu.cel.list" (include "metagpu.metagpuResourceNames" . | fromJsonArray) -}}
+{{- $asked := include "metagpu.cel.list" (concat .Values.fractionResourceNames (list "nvidia.com/gpu") | uniq) -}}
+{{- $holds := printf "(has(c.resources) && ((has(c.resources.limits) && %s.exists(r, r in c.resources.limits)) || (has(c.resources.requests) && %s.exists(r, r in c.resources.requests))))" $metagpu $metagpu -}}
+{{- $asks := printf "(has(c.resources) && ((has(c.resources.limits) && %s.exists(r, r in c.resources.limits)) || (has(c.resources.requests) && %s.exists(r, r in c.resources.requests))))" $asked $asked -}}
+request.operation != 'UPDATE'
+|| (has(request.subResource) && request.subResource == 'ephemeralcontainers')
+|| (has(object.spec.containers) && object.spec.containers.exists(c, {{ $holds }} && {{ $asks }}))
+|| (has(object.spec.initContainers) && object.spec.initContainers.exists(c, {{ $holds }} && {{ $asks }}))
 {{- end -}}
 
 {{/* Workloads: the pod template of Deployments, StatefulSets, DaemonSets,

@@ -45,6 +45,8 @@ API_VERSIONS: Final = {
     "CronJob": "batch/v1",
 }
 NO_GPU_FIXTURES: Final = {"pod-no-gpu.json", "pod-update-no-gpu.json"}
+NOT_SENT_FIXTURES: Final = {"pod-update-metagpu.json"}
+"""A label UPDATE of a converted pod: a GPU pod, but no re-apply, so it never waits on us."""
 
 
 @functools.cache
@@ -126,8 +128,57 @@ def test_captured_requests_match_when_they_mention_a_gpu(name: str) -> None:
     review = load_admission_fixture(name)
     request = review["request"]
     kind = request["kind"]["kind"]
-    expected = name not in NO_GPU_FIXTURES
+    expected = name not in NO_GPU_FIXTURES | NOT_SENT_FIXTURES
     assert matches(webhook_for(kind), request) is expected, name
+
+
+def _reapplied_pod(limits: Obj, *, operation: str = "UPDATE", sub: str | None = None) -> Obj:
+    """A Pod UPDATE whose container holds ``limits`` (as merged by a re-apply)."""
+    stored = wrap("Pod", {"containers": [{"name": "main", "image": "x", "resources": {}}]})
+    stored["spec"]["containers"][0]["resources"] = {"limits": {"cnvrg.io/metagpu": "50"}}
+    obj = copy.deepcopy(stored)
+    obj["spec"]["containers"][0]["resources"] = {"limits": limits, "requests": dict(limits)}
+    request = admission_request(obj, operation=operation, old=stored)
+    if sub is not None:
+        request["subResource"] = sub
+    return request
+
+
+@pytest.mark.parametrize(
+    ("limits", "sub", "expected"),
+    [
+        pytest.param(
+            {"cnvrg.io/metagpu": "50", "nvidia.com/gpu": "500m"}, None, True, id="reapply"
+        ),
+        pytest.param(
+            {"cnvrg.io/metagpu": "50", "cnvrg.io/gpu": "500m"}, None, True, id="cnvrg-gpu"
+        ),
+        pytest.param({"cnvrg.io/metagpu": "50", "nvidia.com/gpu": "1"}, None, True, id="to-whole"),
+        pytest.param({"cnvrg.io/metagpu": "50"}, None, False, id="units-only"),
+        pytest.param({"nvidia.com/gpu": "1"}, None, False, id="whole-gpu-pod"),
+        pytest.param({"cnvrg.io/metagpu": "50"}, "ephemeralcontainers", True, id="kubectl-debug"),
+    ],
+)
+def test_pod_updates_reach_the_webhook_only_when_they_are_ours(
+    limits: Obj, sub: str | None, expected: bool
+) -> None:
+    """Pod UPDATE is registered for re-applied manifests only: a label, annotation or
+    finalizer update of a GPU pod must not depend on the webhook being up."""
+    assert matches("pods.metagpu.io", _reapplied_pod(limits, sub=sub)) is expected
+    assert matches("pods.metagpu.io", _reapplied_pod(limits, operation="CREATE")) is True
+
+
+def test_a_reapplied_init_container_reaches_the_webhook() -> None:
+    request = _reapplied_pod({"cnvrg.io/metagpu": "50"})
+    spec = request["object"]["spec"]
+    spec["initContainers"] = [
+        {
+            "name": "warmup",
+            "image": "x",
+            "resources": {"limits": {"cnvrg.io/metagpu": "25", "cnvrg.io/gpu": "250m"}},
+        }
+    ]
+    assert matches("pods.metagpu.io", request) is True
 
 
 def test_the_no_gpu_fixtures_are_the_ones_without_gpu_resources() -> None:
@@ -296,8 +347,9 @@ def test_strict_evaluation_catches_an_unguarded_field() -> None:
 @pytest.mark.parametrize("values_key", ["defaults", "everything"])
 def test_every_has_guard_covers_its_parent(values_key: str) -> None:
     # Static check alongside the evaluation: each has(a.b.c) follows has(a.b), unless
-    # a is the object or a comprehension variable, so no field is read unguarded.
-    roots = {"object", "c", "r", "e", "k"}
+    # a is the object, the request (always set by the API server) or a comprehension
+    # variable, so no field is read unguarded.
+    roots = {"object", "request", "c", "r", "e", "k"}
     for _, expression in _programs(values_key).values():
         guarded = set(re.findall(r"has\(([\w.]+)\)", expression))
         for path in guarded:

@@ -135,6 +135,7 @@ def test_webhook_rules_cover_pods_and_every_workload_kind() -> None:
 
     assert covered(hooks["pods.metagpu.io"]) == {
         ("", "pods", "CREATE"),
+        ("", "pods", "UPDATE"),  # re-applied manifests only (matchConditions)
         ("", "pods/ephemeralcontainers", "UPDATE"),
     }
     workloads = {
