@@ -23,6 +23,9 @@ The rules (numbers as in ``docs/webhook.md``):
 8. A mutated pod records what it asked for in ``metagpu.io/original-request``.
 9. Workload pod templates get rule 1, so a Deployment asking for ``0.5`` is
    not refused at the workload level before any pod exists.
+10. A re-applied manifest (the fraction merged back beside the units the
+    webhook wrote) is the same request: rule 1 turns it back into the stored
+    object, or follows a changed fraction (:mod:`webhook.conversion`).
 
 Patches are built operation by operation, never by diffing two documents: it
 is several times faster than ``jsonpatch.make_patch``, and the operations say
