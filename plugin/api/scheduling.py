@@ -1,0 +1,98 @@
+"""The GPU-aware scheduling contract: who holds what on each GPU, and which GPU a pod gets.
+
+Three components speak it, so it lives in the shared words (standard library
+and pydantic only):
+
+* the **node agent** publishes a :class:`NodeLedger` on its Node, in the
+  annotation :data:`ANNOTATION_GPU_LEDGER`: every GPU of the node with its
+  health and the units the kubelet really allocated on it (from PodResources),
+  rewritten only when it changes;
+* the **scheduler extender** reads the ledgers, adds its own assignments the
+  nodes have not reported yet, and at bind records the GPUs it chose for each
+  container of the pod in :data:`ANNOTATION_ASSIGNED_GPUS` (a
+  :class:`PodAssignment`);
+* the **device plugin** reads the assignments of pods bound to its node and
+  answers ``GetPreferredAllocation`` with the assigned GPU.
+
+Annotations, not a CRD: they need no installation step, they are readable
+with ``kubectl get -o yaml``, and RBAC already covers them (the agent patches
+its Node, the extender its pods). Both are compact JSON (a few hundred bytes per
+GPU), far under the 256 KiB annotation budget of an object.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from pydantic import Field
+
+from plugin.api.settings import StrictModel
+
+ANNOTATION_GPU_LEDGER: Final = "metagpu.io/gpu-ledger"
+"""On a Node, written by the node agent: a :class:`NodeLedger` as JSON."""
+
+ANNOTATION_ASSIGNED_GPUS: Final = "metagpu.io/assigned-gpus"
+"""On a Pod, written by the scheduler extender at bind: a :class:`PodAssignment` as JSON."""
+
+DEFAULT_SCHEDULER_NAME: Final = "metagpu-scheduler"
+"""The second scheduler's profile name; the webhook points metagpu pods at it."""
+
+
+class GpuHolder(StrictModel):
+    """Units of one GPU allocated to one container (as the kubelet reports them)."""
+
+    pod_uid: str = Field(min_length=1)
+    namespace: str
+    pod: str
+    container: str
+    units: int = Field(ge=1)
+
+
+class GpuLedgerEntry(StrictModel):
+    """One physical GPU of the node: capacity, health and who holds its units."""
+
+    uuid: str = Field(min_length=1)
+    """The GPU's ID as the device plugin advertises it (``DeviceId``: UUID by default)."""
+    index: int = Field(ge=0)
+    units: int = Field(ge=1)
+    """Meta-devices of this GPU (``units_per_gpu``)."""
+    healthy: bool = True
+    reason: str = ""
+    """Why it is unhealthy, for operators and the extender's refusal messages."""
+    holders: tuple[GpuHolder, ...] = ()
+
+    @property
+    def used(self) -> int:
+        return sum(h.units for h in self.holders)
+
+
+class NodeLedger(StrictModel):
+    """Everything the extender needs to know about one node's GPUs."""
+
+    version: Literal["v1"] = "v1"
+    resource: str
+    """The resource these GPUs serve (``cnvrg.io/metagpu``)."""
+    units_per_gpu: int = Field(ge=1)
+    gpus: tuple[GpuLedgerEntry, ...] = ()
+    observed_at: str = ""
+    """RFC 3339 time of the PodResources reading this ledger was built from."""
+
+
+class ContainerAssignment(StrictModel):
+    """The units one container gets on each GPU (GPU ID → units)."""
+
+    container: str
+    kind: Literal["init", "sidecar", "app"] = "app"
+    """Init containers' units are reused by later containers, the kubelet's way."""
+    units: int = Field(ge=1)
+    """What the container asks for (``cnvrg.io/metagpu`` units)."""
+    gpus: dict[str, int]
+    """GPU ID → units taken there; one entry for any share below one GPU."""
+
+
+class PodAssignment(StrictModel):
+    """What the extender decided for a pod at bind time."""
+
+    version: Literal["v1"] = "v1"
+    node: str
+    containers: tuple[ContainerAssignment, ...]
