@@ -38,7 +38,7 @@ tools: $(TOOLS)/bin/helm $(TOOLS)/bin/kubectl ## fetch helm and kubectl into .to
 
 # ------------------------------------------------------------------ run
 run: setup ## start the embedded default: webhook (self-signed CA) + device plugin on simulated GPUs
-	$(PY) -m plugin.cli dev
+	$(PY) -m metagpu.cli dev
 
 # ------------------------------------------------------------------ checks
 test: lint unit ## lint, then the whole test suite (what CI runs)

@@ -68,8 +68,8 @@ from plugin.agent.processes import ProcessHandle, open_process
 from plugin.agent.tasks import create_guarded_task, stop_tasks
 from plugin.api.config import PluginConfig
 from plugin.api.resources import AGENT_SOCKET_NAME
-from plugin.backend import GpuBackend, GpuBackendError
-from plugin.devices import GpuSelectionError, select_gpus
+from plugin.gpu.backend import GpuBackend, GpuBackendError
+from plugin.placement.devices import GpuSelectionError, select_gpus
 
 logger = logging.getLogger(__name__)
 

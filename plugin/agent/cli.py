@@ -25,6 +25,7 @@ from plugin.api.commands import (
     add_config_file_argument,
     add_print_config_argument,
     print_config,
+    version,
 )
 from plugin.api.config import CONFIG_FILE_ENV, ENV_PREFIX, PluginConfig
 from plugin.api.settings import load_config
@@ -140,7 +141,6 @@ def run(args: argparse.Namespace) -> int:
         return print_config(config)
 
     from plugin.agent.agent import serve  # noqa: PLC0415 - heavy: aiohttp, grpc, kubernetes
-    from plugin.cli import version  # noqa: PLC0415 - plugin.cli imports this module
 
     # Everything imported so far (kubernetes-asyncio alone is thousands of classes)
     # lives as long as the process. Freezing it keeps the collector's full passes

@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,19 @@ class Command:
     run: Callable[[argparse.Namespace], int]
     description: str | None = None
     """Longer text for ``--help``; the first paragraph of the help otherwise."""
+
+
+def version() -> str:
+    """The installed package version, or ``unknown`` when run from a bare tree.
+
+    Here, not in the umbrella ``metagpu`` command, because components report it
+    too (the node agent stamps it into ``mgctl``) and no component may import
+    the umbrella.
+    """
+    try:
+        return metadata.version("metagpu")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def add_config_file_argument(
