@@ -1,7 +1,9 @@
 """The shape of a ``metagpu`` subcommand, shared by every component's CLI module.
 
 Each component keeps a light ``cli`` module (argparse and the standard library
-only at import time) that exposes ``COMMANDS``, a tuple of :class:`Command`.
+only at import time) that exposes ``COMMANDS``, a tuple of :class:`Command`
+(the node agent's is built by :mod:`metagpu.agent`, which hands it the
+Kubernetes credentials loader of certs).
 Heavy imports (aiohttp, grpc, NVML) happen inside ``run``, so
 ``metagpu webhook`` never loads gRPC and ``metagpu mutate`` never loads aiohttp.
 """
