@@ -26,6 +26,7 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY plugin/ plugin/
 COPY webhook/ webhook/
 COPY certs/ certs/
+COPY metagpu/ metagpu/
 
 # The wheel is built once, then installed from the local wheel directory; every
 # dependency comes from PyPI as a binary wheel (--only-binary), so no compiler

@@ -38,7 +38,7 @@ tools: $(TOOLS)/bin/helm $(TOOLS)/bin/kubectl ## fetch helm and kubectl into .to
 
 # ------------------------------------------------------------------ run
 run: setup ## start the embedded default: webhook (self-signed CA) + device plugin on simulated GPUs
-	$(PY) -m plugin.cli dev
+	$(PY) -m metagpu.cli dev
 
 # ------------------------------------------------------------------ checks
 test: lint unit ## lint, then the whole test suite (what CI runs)
@@ -46,11 +46,12 @@ test: lint unit ## lint, then the whole test suite (what CI runs)
 unit: setup tools ## the pytest suite
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-lint: setup ## ruff, mypy --strict, import contracts
+lint: setup ## ruff, mypy --strict, import contracts, no import circles
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) scripts/check_import_cycles.py
 
 fmt: setup ## format and fix what ruff can
 	$(VENV)/bin/ruff format .

@@ -2,7 +2,7 @@
 
 Pure. Inputs, each gathered by an adapter:
 
-* GPU readings (:class:`GpuReading`) from the :class:`~plugin.backend.GpuBackend`;
+* GPU readings (:class:`GpuReading`) from the :class:`~plugin.gpu.backend.GpuBackend`;
 * allocations (:class:`Allocation`) from the kubelet's PodResources API: which
   container holds which meta-devices ``<gpu>::<n>``;
 * process owners: PID → container ID from ``/proc/<pid>/cgroup``;
@@ -13,7 +13,7 @@ the mgctl API all read, so they can never disagree about the same cycle.
 
 A container's memory limit on a GPU is ``units / units_per_gpu × GPU memory``
 (floored to whole MiB): 25 units of 100 on an 80 GiB GPU allow 20 GiB. It is
-:func:`plugin.devices.memory_limit_mib`, the same function that sets the
+:func:`plugin.placement.devices.memory_limit_mib`, the same function that sets the
 container's ``METAGPU_MEMORY_LIMIT_MB``, so the limit a container is told and
 the one it is held to never differ.
 """
@@ -28,8 +28,8 @@ from typing import Final, Literal
 from plugin.agent.cgroups import ContainerId
 from plugin.agent.containers import ContainerDirectory, ContainerKey, ContainerRef
 from plugin.api.resources import ReplicaIdError, parse_replica_id
-from plugin.backend import GpuInfo, GpuProcess, GpuUsage
-from plugin.devices import memory_limit_mib as memory_limit_mib  # noqa: PLC0414 - re-exported
+from plugin.gpu.backend import GpuInfo, GpuProcess, GpuUsage
+from plugin.placement.devices import memory_limit_mib as memory_limit_mib  # noqa: PLC0414 - re-exported
 
 MIB: Final = 1024 * 1024
 

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from certs.kube import open_api_client
 from plugin.agent.accounting import (
     Allocation,
     GpuReading,
@@ -58,7 +57,7 @@ from plugin.agent.enforcement import (
 )
 from plugin.agent.events import QueuedEventSink
 from plugin.agent.gpus import open_backend, read_gpus, resolve_owners
-from plugin.agent.kube import KubeEventSink, NodeLabeler
+from plugin.agent.kube import ApiOpener, KubeEventSink, NodeLabeler
 from plugin.agent.labels import desired_labels
 from plugin.agent.metrics import AgentMetrics
 from plugin.agent.podresources import PodResourcesClient, PodResourcesError
@@ -68,8 +67,8 @@ from plugin.agent.processes import ProcessHandle, open_process
 from plugin.agent.tasks import create_guarded_task, stop_tasks
 from plugin.api.config import PluginConfig
 from plugin.api.resources import AGENT_SOCKET_NAME
-from plugin.backend import GpuBackend, GpuBackendError
-from plugin.devices import GpuSelectionError, select_gpus
+from plugin.gpu.backend import GpuBackend, GpuBackendError
+from plugin.placement.devices import GpuSelectionError, select_gpus
 
 logger = logging.getLogger(__name__)
 
@@ -356,10 +355,13 @@ class AgentRuntime:
         self,
         config: PluginConfig,
         *,
+        open_api: ApiOpener,
         backend: GpuBackend | None = None,
         version: str = "unknown",
     ) -> None:
+        """``open_api`` loads the Kubernetes credentials (:data:`plugin.agent.kube.ApiOpener`)."""
         self.config = config
+        self._open_api = open_api
         self.settings = config.agent
         self.version = version
         self._backend = backend
@@ -466,7 +468,7 @@ class AgentRuntime:
             )
             return None, None, lambda: "the agent has no node name, so it does not watch pods"
         try:
-            api, source = await self._stack.enter_async_context(open_api_client())
+            api, source = await self._stack.enter_async_context(self._open_api())
         except Exception as exc:  # no credentials: degrade, whatever error type says so
             logger.warning("running without the Kubernetes API: %s", exc)
             reason = str(exc)
@@ -493,8 +495,10 @@ class AgentRuntime:
         await self._stack.aclose()
 
 
-async def serve(config: PluginConfig, *, stop: asyncio.Event, version: str = "unknown") -> None:
+async def serve(
+    config: PluginConfig, *, stop: asyncio.Event, open_api: ApiOpener, version: str = "unknown"
+) -> None:
     """Run the agent until ``stop`` is set."""
-    async with AgentRuntime(config, version=version):
+    async with AgentRuntime(config, open_api=open_api, version=version):
         await stop.wait()
     logger.info("node agent stopped")

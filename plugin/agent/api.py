@@ -51,7 +51,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from plugin import mgctl
+from plugin.agent import mgctl
 from plugin.agent.accounting import ProcessView, Snapshot
 from plugin.agent.cgroups import (
     CgroupFormatError,
@@ -541,7 +541,7 @@ def install_mgctl(directory: Path, *, version: str = "unknown") -> Path:
     source = Path(mgctl.__file__).read_text(encoding="utf-8")
     stamp = f"_EMBEDDED_VERSION = {json.dumps(version)}"
     if _VERSION_LINE not in source:
-        raise RuntimeError(f"plugin/mgctl.py lost its {_VERSION_LINE!r} line")
+        raise RuntimeError(f"plugin/agent/mgctl.py lost its {_VERSION_LINE!r} line")
     source = source.replace(_VERSION_LINE, stamp, 1)
     directory.mkdir(mode=SOCKET_DIR_MODE, parents=True, exist_ok=True)
     target = directory / MGCTL_FILE_NAME

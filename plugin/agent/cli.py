@@ -6,6 +6,10 @@ per GPU agree) and its own ``agent:`` section. Precedence: **flags > env
 file > defaults**, with one addition: the node name also comes from the plain
 ``NODE_NAME`` variable (the downward API) when nothing else sets it.
 aiohttp, gRPC, NVML and kubernetes-asyncio are imported inside :func:`run`.
+
+The command is built by :func:`agent_command`, given how to open the Kubernetes
+API: the umbrella ``metagpu`` (:mod:`metagpu.agent`) hands it
+:func:`certs.kube.open_api_client`, which a module of plugin may not import.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import gc
 import os
 import signal
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from plugin.api.agent_config import MEMORY_ENFORCEMENT_MODES
 from plugin.api.commands import (
@@ -25,9 +29,13 @@ from plugin.api.commands import (
     add_config_file_argument,
     add_print_config_argument,
     print_config,
+    version,
 )
 from plugin.api.config import CONFIG_FILE_ENV, ENV_PREFIX, PluginConfig
 from plugin.api.settings import load_config
+
+if TYPE_CHECKING:  # kubernetes-asyncio: not at import (``metagpu agent --help`` stays light)
+    from plugin.agent.kube import ApiOpener
 
 NODE_NAME_ENV: Final = "NODE_NAME"
 """The conventional downward-API variable (``fieldRef: spec.nodeName``)."""
@@ -134,13 +142,12 @@ def load(args: argparse.Namespace) -> PluginConfig:
     return config
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, open_api: ApiOpener) -> int:
     config = load(args)  # a bad config fails here: exit 2 via the dispatcher
     if args.print_config:
         return print_config(config)
 
     from plugin.agent.agent import serve  # noqa: PLC0415 - heavy: aiohttp, grpc, kubernetes
-    from plugin.cli import version  # noqa: PLC0415 - plugin.cli imports this module
 
     # Everything imported so far (kubernetes-asyncio alone is thousands of classes)
     # lives as long as the process. Freezing it keeps the collector's full passes
@@ -156,18 +163,22 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop=stop, version=version())
+        await serve(config, stop=stop, open_api=open_api, version=version())
         return EXIT_OK
 
     return asyncio.run(main())
 
 
-COMMANDS: Final = (
-    Command(
+def agent_command(*, open_api: ApiOpener) -> Command:
+    """The ``agent`` command, opening the Kubernetes API with ``open_api``."""
+
+    def run_agent(args: argparse.Namespace) -> int:
+        return run(args, open_api=open_api)
+
+    return Command(
         name="agent",
         help="node agent: usage accounting, enforcement, labels, metrics",
         description=DESCRIPTION,
         add_arguments=add_arguments,
-        run=run,
-    ),
-)
+        run=run_agent,
+    )

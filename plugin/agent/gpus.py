@@ -1,10 +1,10 @@
-"""Adapter: the agent's GPU facts through the :class:`~plugin.backend.GpuBackend` port.
+"""Adapter: the agent's GPU facts through the :class:`~plugin.gpu.backend.GpuBackend` port.
 
 :func:`open_backend` picks simulated GPUs (``gpus_file`` set) or NVML through
-:func:`plugin.backends.open_backend`, the device plugin's own choice, so a node
+:func:`plugin.gpu.backends.open_backend`, the device plugin's own choice, so a node
 without the driver library, or a test, never loads ``pynvml``. The agent never
 crashes for lack of a driver:
-with no usable NVML it serves an empty node (:class:`~plugin.backend.NullBackend`)
+with no usable NVML it serves an empty node (:class:`~plugin.gpu.backend.NullBackend`)
 and says so, because the device plugin next to it is the component that decides
 whether a GPU-less node is an error (``fail_on_init_error``).
 
@@ -18,7 +18,6 @@ import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from plugin import backends
 from plugin.agent.accounting import GpuReading
 from plugin.agent.cgroups import (
     CgroupFormatError,
@@ -27,7 +26,8 @@ from plugin.agent.cgroups import (
     pick_container,
     read_process_cgroup,
 )
-from plugin.backend import GpuBackend, GpuBackendError, GpuProcess, GpuUsage, NullBackend
+from plugin.gpu import backends
+from plugin.gpu.backend import GpuBackend, GpuBackendError, GpuProcess, GpuUsage, NullBackend
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ Every call here is best effort: the API server being down or refusing (RBAC,
 admission) is logged and the agent keeps accounting, enforcing and serving
 ``mgctl`` with what it knows. The exact verbs used are declared in
 :mod:`plugin.agent.permissions` and checked by the tests against the fake API.
-The client itself comes from :func:`certs.kube.open_api_client`, the one place
-metagpu loads its credentials.
+The client itself comes from an :data:`ApiOpener`: :func:`certs.kube.open_api_client`,
+the one place metagpu loads its credentials, handed in by the ``metagpu agent``
+command (:mod:`metagpu.agent`) because no module of plugin may import certs.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeAlias, cast
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -22,6 +24,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from plugin.agent.labels import full_label_patch, label_patch
 
 logger = logging.getLogger(__name__)
+
+ApiOpener: TypeAlias = Callable[[], AbstractAsyncContextManager[tuple[client.ApiClient, str]]]
+"""Opens an API client with loaded credentials, closed on exit; yields ``(client, source)``.
+
+The shape of :func:`certs.kube.open_api_client` called with no arguments."""
 
 REQUEST_TIMEOUT_S = 10.0
 """One API request may take this long; the cycle is never held up longer."""

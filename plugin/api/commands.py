@@ -1,7 +1,9 @@
 """The shape of a ``metagpu`` subcommand, shared by every component's CLI module.
 
 Each component keeps a light ``cli`` module (argparse and the standard library
-only at import time) that exposes ``COMMANDS``, a tuple of :class:`Command`.
+only at import time) that exposes ``COMMANDS``, a tuple of :class:`Command`
+(the node agent's is built by :mod:`metagpu.agent`, which hands it the
+Kubernetes credentials loader of certs).
 Heavy imports (aiohttp, grpc, NVML) happen inside ``run``, so
 ``metagpu webhook`` never loads gRPC and ``metagpu mutate`` never loads aiohttp.
 """
@@ -14,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +40,19 @@ class Command:
     run: Callable[[argparse.Namespace], int]
     description: str | None = None
     """Longer text for ``--help``; the first paragraph of the help otherwise."""
+
+
+def version() -> str:
+    """The installed package version, or ``unknown`` when run from a bare tree.
+
+    Here, not in the umbrella ``metagpu`` command, because components report it
+    too (the node agent stamps it into ``mgctl``) and no component may import
+    the umbrella.
+    """
+    try:
+        return metadata.version("metagpu")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def add_config_file_argument(

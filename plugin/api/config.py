@@ -66,7 +66,7 @@ def selector_key(selector: int | str) -> int | str:
     digits because env vars are strings) or a UUID (compared case-insensitively).
 
     ``0`` and ``"0"`` are the same GPU, and so are ``GPU-AB`` and ``gpu-ab``;
-    the config's duplicate checks and :func:`plugin.devices.select_gpus` both
+    the config's duplicate checks and :func:`plugin.placement.devices.select_gpus` both
     compare selectors through this."""
     if isinstance(selector, int):
         return selector

@@ -10,7 +10,7 @@ from typing import Any
 from plugin.agent.accounting import GpuReading
 from plugin.agent.cgroups import ContainerId
 from plugin.agent.containers import ContainerKey, ContainerRef, PodIndex
-from plugin.backend import GpuInfo, GpuProcess, GpuUsage
+from plugin.gpu.backend import GpuInfo, GpuProcess, GpuUsage
 
 A100 = "NVIDIA A100-SXM4-80GB"
 

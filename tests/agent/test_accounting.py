@@ -16,7 +16,7 @@ from plugin.agent.accounting import (
 from plugin.agent.cgroups import ContainerId
 from plugin.agent.containers import PodIndex
 from plugin.api.resources import DEFAULT_RESOURCE_NAME
-from plugin.backend import GpuProcess, GpuUsage
+from plugin.gpu.backend import GpuProcess, GpuUsage
 from tests.agent.builders import gpu, gpu_uuid, index_of, key, pod, reading, ref
 
 R = DEFAULT_RESOURCE_NAME

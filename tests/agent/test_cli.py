@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from metagpu.cli import main
 from plugin.api.resources import AGENT_SOCKET_NAME, MGCTL_FILE_NAME
-from plugin.cli import main
 from tests.agent.builders import A100, gpu_uuid
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +133,7 @@ def test_metagpu_agent_process_serves_and_stops_on_sigterm(short_tmp_path: Path)
         [
             sys.executable,
             "-m",
-            "plugin.cli",
+            "metagpu.cli",
             "agent",
             "--gpus-file",
             str(gpus),

@@ -29,7 +29,7 @@ from plugin.agent.kube import KubeEventSink
 from plugin.agent.podresources import PodResourcesClient
 from plugin.agent.processes import ProcessHandle, open_process
 from plugin.api.config import PluginConfig
-from plugin.simulated import SimulatedGpu, SimulatedGpus, SimulatedGpusFile
+from plugin.gpu.simulated import SimulatedGpu, SimulatedGpus, SimulatedGpusFile
 from tests.agent.builders import A100, gpu_uuid, index_of, place_in_container, pod, ref
 from tests.harness.kube_api import FakeKubeApi
 from tests.harness.podresources import FakePodResources, running_pod_resources

@@ -12,7 +12,7 @@ from plugin.agent.accounting import Allocation, build_snapshot
 from plugin.agent.cgroups import CgroupFormatError, parse_cgroup_file, pick_container
 from plugin.agent.containers import PodIndex
 from plugin.agent.labels import LABEL_VALUE_MAX, label_value
-from plugin.mgctl import to_yaml
+from plugin.agent.mgctl import to_yaml
 from tests.agent.builders import gpu, gpu_uuid, key, reading
 
 HEX = "0123456789abcdef"

@@ -14,7 +14,7 @@ from plugin.api.resources import (
     NODE_LABEL_LARGEST_FREE_UNITS,
     NODE_LABEL_UNITS_PER_GPU,
 )
-from plugin.backend import GpuInfo
+from plugin.gpu.backend import GpuInfo
 from tests.agent.builders import gpu, gpu_uuid, key, reading
 
 R = "cnvrg.io/metagpu"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from plugin import mgctl
+from plugin.agent import mgctl
 from plugin.agent.views import API_VERSION
 from plugin.api.resources import AGENT_SOCKET_NAME, CONTAINER_AGENT_DIR, ENV_AGENT_SOCKET
 

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from certs.kube import open_api_client
 from plugin.agent import pods as pods_module
 from plugin.agent.agent import AgentRuntime
 from plugin.agent.permissions import PERMISSIONS
@@ -137,7 +138,7 @@ async def test_agent_end_to_end(env: Env) -> None:
     async with running_pod_resources(env.kubelet_sock) as kubelet:
         kubelet.assign("ml", "a", "main", R, [f"{U0}::{u}" for u in range(25)])
         kubelet.assign("ml", "b", "main", R, [f"{U0}::{u}" for u in range(25, 75)])
-        async with AgentRuntime(env.config(), version="1.2.3") as rt:
+        async with AgentRuntime(env.config(), open_api=open_api_client, version="1.2.3") as rt:
             agent = rt.agent
             await eventually(
                 lambda: (
@@ -226,11 +227,11 @@ async def test_restart_reads_allocations_with_nothing_kept(env: Env) -> None:
     env.write_gpus([])
     async with running_pod_resources(env.kubelet_sock) as kubelet:
         kubelet.assign("ml", "a", "main", R, [f"{U0}::{u}" for u in range(30)])
-        async with AgentRuntime(env.config()) as first:
+        async with AgentRuntime(env.config(), open_api=open_api_client) as first:
             result = await first.agent.next_cycle()
             assert result.snapshot.gpus[0].units_allocated == 30
         kubelet.assign("ml", "b", "main", R, [f"{U1}::{u}" for u in range(10)])
-        async with AgentRuntime(env.config()) as second:
+        async with AgentRuntime(env.config(), open_api=open_api_client) as second:
             result = await second.agent.next_cycle()
             # a brand-new agent: allocations come from the kubelet, not from memory
             assert [g.units_allocated for g in result.snapshot.gpus] == [30, 10]
@@ -240,7 +241,7 @@ async def test_degrades_without_kubelet_and_api(env: Env) -> None:
     env.write_gpus([])
     env.fake.forbid("list", "pods")  # RBAC missing
     env.fake.forbid("patch", "nodes")
-    async with AgentRuntime(env.config()) as rt:
+    async with AgentRuntime(env.config(), open_api=open_api_client) as rt:
         result = await rt.agent.next_cycle()
         assert {"podresources", "pods"} <= result.snapshot.stale
         assert len(result.snapshot.gpus) == 2  # still serving what it knows
@@ -262,7 +263,7 @@ async def test_degrades_without_kubelet_and_api(env: Env) -> None:
 
 async def test_runs_without_a_node_name(env: Env) -> None:
     env.write_gpus([])
-    async with AgentRuntime(env.config(node_name=None)) as rt:
+    async with AgentRuntime(env.config(node_name=None), open_api=open_api_client) as rt:
         result = await rt.agent.next_cycle()
         assert "pods" in result.snapshot.stale
     assert env.fake.requests == []

@@ -47,7 +47,7 @@ from plugin.agent.enforcement import Decision
 from plugin.agent.gpus import resolve_owners
 from plugin.api.config import PluginConfig
 from plugin.api.resources import DEFAULT_RESOURCE_NAME
-from plugin.backend import GpuInfo, GpuProcess, GpuUsage, NullBackend
+from plugin.gpu.backend import GpuInfo, GpuProcess, GpuUsage, NullBackend
 from tests.benchmarks._stats import percentile, timed_ms
 
 GPUS = 8

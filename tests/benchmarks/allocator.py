@@ -5,10 +5,10 @@ Usage: ``python tests/benchmarks/allocator.py [--quick]``
 For a node of 8 GPUs × 100 units and one of 16 GPUs × 1000 units, half
 occupied in a fragmented pattern, it measures p50/p99 of
 
-* the pure policy (:func:`plugin.allocation.preferred_allocation`) and the pure
-  Allocate path (ID validation + :func:`plugin.container_spec.build_container_spec`);
+* the pure policy (:func:`plugin.placement.allocation.preferred_allocation`) and the pure
+  Allocate path (ID validation + :func:`plugin.deviceplugin.container_spec.build_container_spec`);
 * the same two calls through the real gRPC server over a unix socket, with
-  the kubelet's messages (``plugin.kubelet_sim.PluginClient``): both the
+  the kubelet's messages (``metagpu.kubelet_sim.PluginClient``): both the
   round trip the client sees and the time the handler spends inside the
   server process (the plugin's own latency, without the transport);
 * a baseline measured in the same run: an empty RPC (``PreStartContainer``) on
@@ -39,18 +39,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from metagpu.kubelet_sim import PluginClient
 from plugin._pb import deviceplugin_v1beta1_pb2 as pb
 from plugin._pb import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from plugin.allocation import preferred_allocation
 from plugin.api.config import PluginConfig
 from plugin.api.resources import DEFAULT_RESOURCE_NAME, ResourceName
-from plugin.backend import GpuInfo
-from plugin.container_spec import build_container_spec
-from plugin.devices import DeviceTable
-from plugin.health_monitor import HealthBoard
-from plugin.kubelet_sim import PluginClient
-from plugin.server import PluginServer
-from plugin.servicer import DevicePluginServicer
+from plugin.deviceplugin.container_spec import build_container_spec
+from plugin.deviceplugin.server import PluginServer
+from plugin.deviceplugin.servicer import DevicePluginServicer
+from plugin.gpu.backend import GpuInfo
+from plugin.gpu.health_monitor import HealthBoard
+from plugin.placement.allocation import preferred_allocation
+from plugin.placement.devices import DeviceTable
 from tests.benchmarks._stats import block_p99, percentile, timed_ms
 
 TARGETS_MS = {(8, 100): 1.0, (16, 1000): 10.0}

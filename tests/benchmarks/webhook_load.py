@@ -4,7 +4,7 @@ Usage: ``python tests/benchmarks/webhook_load.py [--quick] [--connections 64]``
 
 Three processes, so that no two of them share an event loop:
 
-* the real webhook, started as ``python -m plugin.cli webhook`` (one worker,
+* the real webhook, started as ``python -m metagpu.cli webhook`` (one worker,
   no cluster, its default INFO logging), serving a generated certificate;
 * the floor: a bare aiohttp app on the same TLS set-up (the same
   ``ReloadingTLS`` context, the same AppRunner options) whose handler reads the
@@ -361,7 +361,7 @@ def coordinate(args: argparse.Namespace) -> int:
             [
                 *env_cmd,
                 "-m",
-                "plugin.cli",
+                "metagpu.cli",
                 "webhook",
                 "--listen",
                 "127.0.0.1:0",

@@ -1,6 +1,6 @@
 """``metagpu certs generate | bootstrap | inspect`` as an operator runs them: a real process.
 
-Each test starts ``python -m plugin.cli certs ...`` as a subprocess (so
+Each test starts ``python -m metagpu.cli certs ...`` as a subprocess (so
 logging set-up, ``asyncio.run`` and exit codes are the real ones) while the
 fake API server or a TLS server runs in the test's event loop.
 """
@@ -42,7 +42,7 @@ async def metagpu(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "plugin.cli",
+        "metagpu.cli",
         *args,
         cwd=REPO_ROOT,
         env={**os.environ, **(env or {})},

@@ -119,11 +119,19 @@ def test_multi_stage_with_a_pinned_slim_python_3_11_base() -> None:
         assert stage.base in ("${PYTHON_IMAGE}", base), stage.base
 
 
+def packaged_folders() -> list[str]:
+    """``plugin/``, ``metagpu/``, ...: every folder pyproject.toml packages into the wheel."""
+    found = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = [pattern.rstrip("*") + "/" for pattern in found["packages"]["find"]["include"]]
+    assert "metagpu/" in folders, folders
+    return folders
+
+
 def test_build_stage_builds_a_wheel_with_the_constraints() -> None:
     build = stages()[0]
     runs = " ".join(args for keyword, args in build.instructions if keyword == "RUN")
     copies = " ".join(args for keyword, args in build.instructions if keyword == "COPY")
-    for needed in ("pyproject.toml", "constraints.txt", "plugin/", "webhook/", "certs/"):
+    for needed in ("pyproject.toml", "constraints.txt", *packaged_folders()):
         assert needed in copies, needed
     assert "pip wheel" in runs
     assert "--constraint constraints.txt" in runs

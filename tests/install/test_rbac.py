@@ -158,8 +158,9 @@ def test_the_device_plugin_never_loads_a_kubernetes_client() -> None:
     # it imports to run, loads no Kubernetes client (only the agent does).
     code = (
         "import sys, asyncio\n"
-        "import plugin.device_plugin_cli, plugin.supervisor, plugin.server, plugin.servicer\n"
-        "import plugin.nvml, plugin.container_spec, plugin.health_monitor\n"
+        "import plugin.deviceplugin.cli, plugin.deviceplugin.supervisor\n"
+        "import plugin.deviceplugin.server, plugin.deviceplugin.servicer\n"
+        "import plugin.gpu.nvml, plugin.deviceplugin.container_spec, plugin.gpu.health_monitor\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('kubernetes_asyncio', 'kubernetes') or m.startswith(('plugin.agent', 'certs.kube')))\n"
         "print(loaded)\n"

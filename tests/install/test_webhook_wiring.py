@@ -1,7 +1,7 @@
 """The webhook configuration reaches what ``metagpu webhook`` serves; the webhook pods are hardened.
 
 The container arguments are parsed by the real ``metagpu`` command parsers
-(:func:`plugin.cli.build_parser`), so a flag the chart passes that a
+(:func:`metagpu.cli.build_parser`), so a flag the chart passes that a
 component does not accept fails here, not in a crash-looping pod.
 """
 
@@ -34,7 +34,7 @@ MUTATE_PATH: Final = "/mutate"
 
 def parse_args(args: list[str]) -> argparse.Namespace:
     """Parse a metagpu container's args with the real parser of its command."""
-    from plugin.cli import build_parser, find_command
+    from metagpu.cli import build_parser, find_command
 
     command = find_command(args[0])
     return build_parser(command).parse_args(args[1:])

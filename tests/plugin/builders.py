@@ -14,8 +14,8 @@ import yaml
 
 from plugin.api.config import DeviceIdStrategy
 from plugin.api.resources import DEFAULT_RESOURCE_NAME, ResourceName
-from plugin.backend import GpuInfo
-from plugin.devices import DeviceTable
+from plugin.gpu.backend import GpuInfo
+from plugin.placement.devices import DeviceTable
 
 
 def uuid_for(index: int) -> str:

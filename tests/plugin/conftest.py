@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from metagpu.kubelet_sim import KubeletSim
 from plugin.api.config import PluginConfig
-from plugin.backend import GpuBackend
-from plugin.kubelet_sim import KubeletSim
-from plugin.simulated import SimulatedGpus
-from plugin.supervisor import Supervisor
+from plugin.deviceplugin.supervisor import Supervisor
+from plugin.gpu.backend import GpuBackend
+from plugin.gpu.simulated import SimulatedGpus
 from tests.plugin.builders import gpus, gpus_file_spec, write_yaml
 
 FAST: dict[str, Any] = {"health": {"event_timeout_s": 0.1, "recovery_s": 3600}}

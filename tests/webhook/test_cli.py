@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from plugin.cli import build_parser, main
+from metagpu.cli import build_parser, main
 from tests.conftest import REPO_ROOT
 from webhook.cli import COMMANDS, curl_command, load_webhook_config
 

@@ -1,6 +1,6 @@
 """SIGTERM: ``metagpu webhook`` finishes the request in flight, then exits 0 within its timeout.
 
-The webhook runs as a real subprocess (``python -m plugin.cli webhook``). The
+The webhook runs as a real subprocess (``python -m metagpu.cli webhook``). The
 in-flight request is made deterministic with the one thing a handler awaits:
 the namespace lookup. The webhook's kubeconfig points at a fake API server in
 the test that accepts the namespace GET and never answers, so the handler is
@@ -99,7 +99,7 @@ async def start_webhook(tmp_path: Path, *extra: str, env: dict[str, str] | None 
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "plugin.cli",
+        "metagpu.cli",
         "webhook",
         "--listen",
         "127.0.0.1:0",

@@ -1,0 +1,426 @@
+"""The ``metagpu dev`` session: webhook + simulated kubelet + device plugin in one loop.
+
+Nothing here is a mock of the product: the webhook is :func:`webhook.server.running_webhook`
+serving real HTTPS with a CA it generated, the device plugin is the real
+:class:`plugin.deviceplugin.supervisor.Supervisor` on :class:`plugin.gpu.simulated.SimulatedGpus`,
+and it registers over real gRPC with :class:`metagpu.kubelet_sim.KubeletSim`,
+which then allocates the way the kubelet does. Only the GPUs and the kubelet
+are stand-ins, because this machine has neither.
+
+The session prints how to try it, makes one demo allocation, and reads
+commands on stdin (see :data:`metagpu.dev_prompt.PROMPT_HELP`). It stops on Ctrl-C,
+SIGTERM, ``quit``, or end of input from a terminal; everything it started is
+stopped and its sockets are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from certs.files import write_atomic
+from metagpu.dev_prompt import (
+    PROMPT_HELP,
+    Allocate,
+    InjectXid,
+    PromptCommand,
+    PromptError,
+    Quit,
+    Release,
+    ShowDevices,
+    ShowHelp,
+    parse_prompt,
+)
+from metagpu.examples import EXAMPLE_POD, EXAMPLE_REVIEW
+from metagpu.kubelet_sim import KubeletSim, KubeletSimError, PluginConnection
+from plugin.api.config import ENV_PREFIX as PLUGIN_ENV_PREFIX
+from plugin.api.config import PluginConfig
+from plugin.api.resources import parse_replica_id
+from plugin.api.settings import ConfigError, load_config
+from plugin.deviceplugin.supervisor import Supervisor
+from plugin.gpu.simulated import load_gpus_file
+from webhook.cli import curl_command
+from webhook.config import ENV_PREFIX as WEBHOOK_ENV_PREFIX
+from webhook.config import WebhookConfig
+from webhook.server import RunningWebhook, running_webhook
+
+REGISTER_TIMEOUT_S: Final = 30.0
+"""Generous: a cold start on a loaded 2-core machine imports grpc and NVML shims."""
+HEALTH_WAIT_S: Final = 10.0
+STOP_TIMEOUT_S: Final = 20.0
+READY_LINE: Final = "metagpu dev is running"
+"""First line of the banner; tests wait for it."""
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    """What ``metagpu dev`` was asked for."""
+
+    run_dir: Path
+    listen: str
+    gpus_file: Path
+    webhook_config: Path | None = None
+    plugin_config: Path | None = None
+
+
+@dataclass
+class _Session:
+    options: DevOptions
+    run_dir: Path
+    gpus_file: Path
+    plugin_config: PluginConfig
+    resource: str
+    kubelet: KubeletSim
+    hook: RunningWebhook
+    allocations: dict[int, list[str]] = field(default_factory=dict)
+    next_number: int = 1
+
+
+def run_dev(options: DevOptions) -> int:
+    """Run the session until stopped; returns the exit code (0 on a normal stop)."""
+    return asyncio.run(_main(options))
+
+
+def say(text: str = "") -> None:
+    """The session talks on stdout (logs go to stderr), flushed so pipes see it at once."""
+    print(text, flush=True)
+
+
+async def _main(options: DevOptions) -> int:
+    run_dir = options.run_dir.absolute()
+    gpus_file = _prepare_gpus_file(options.gpus_file, run_dir)
+    plugin_config = load_config(
+        PluginConfig,
+        file=options.plugin_config,
+        env=os.environ,
+        env_prefix=PLUGIN_ENV_PREFIX,
+        flags={
+            "device_plugins_dir": run_dir / "device-plugins",
+            "gpus_file": gpus_file,
+            "agent.socket_dir": run_dir / "metagpu",
+        },
+    )
+    webhook_config = load_config(
+        WebhookConfig,
+        file=options.webhook_config,
+        env=os.environ,
+        env_prefix=WEBHOOK_ENV_PREFIX,
+        flags={
+            "listen": options.listen,
+            "tls.generate_dir": run_dir / "webhook-tls",
+            "kubernetes.enabled": False,  # no cluster here: config alone
+        },
+    )
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    lines: asyncio.Queue[str | None] = asyncio.Queue()
+    _read_stdin_in_background(loop, lines)
+    try:
+        async with (
+            KubeletSim(plugin_config.device_plugins_dir) as kubelet,
+            running_webhook(webhook_config) as hook,
+        ):
+            supervisor = Supervisor(lambda: plugin_config, config=plugin_config)
+            plugin = asyncio.create_task(supervisor.run(handle_signals=False), name="device-plugin")
+            try:
+                resource = plugin_config.resources[0].name
+                await _wait_registered(kubelet, resource, plugin=plugin, stop=stop)
+                if stop.is_set():
+                    return 0
+                session = _Session(
+                    options, run_dir, gpus_file, plugin_config, resource, kubelet, hook
+                )
+                _banner(session)
+                await _demo(session)
+                say(PROMPT_HELP)
+                await _prompt_loop(session, lines=lines, stop=stop, plugin=plugin)
+            finally:
+                supervisor.request_stop()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(plugin), STOP_TIMEOUT_S)
+                if not plugin.done():
+                    plugin.cancel()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    say("metagpu dev stopped")
+    return 0
+
+
+# ------------------------------------------------------------------ set-up
+def _prepare_gpus_file(source: Path, run_dir: Path) -> Path:
+    """Copy the starting GPUs into the run dir, so editing them never dirties the repo."""
+    if not source.is_file():
+        raise ConfigError(
+            f"no simulated GPUs file at {source}; pass --gpus-file FILE "
+            "(format: docs/device-plugin.md, example: examples/gpus.yaml)"
+        )
+    load_gpus_file(source)  # refuse a bad file before anything starts, with its reason
+    target = run_dir / "gpus.yaml"
+    write_atomic(target, source.read_bytes())
+    return target
+
+
+async def _wait_registered(
+    kubelet: KubeletSim, resource: str, *, plugin: asyncio.Task[int], stop: asyncio.Event
+) -> None:
+    """Wait for the plugin to register, or fail fast if it died, or return on stop."""
+    registered = asyncio.create_task(
+        kubelet.wait_registered(resource, timeout_s=REGISTER_TIMEOUT_S), name="wait-registered"
+    )
+    stopped = asyncio.create_task(stop.wait(), name="wait-stop")
+    try:
+        done, _ = await asyncio.wait(
+            {registered, stopped, plugin}, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        for task in (registered, stopped):
+            task.cancel()
+    if plugin in done:
+        raise RuntimeError(f"the device plugin stopped before registering (exit {plugin.result()})")
+    if registered in done:
+        registered.result()  # raises KubeletSimError with the registrations seen
+
+
+# ------------------------------------------------------------------ output
+def _shown(path: Path) -> str:
+    """A path as a person would type it from here: relative when under the cwd."""
+    with contextlib.suppress(ValueError):
+        return str(path.relative_to(Path.cwd()))
+    return str(path)
+
+
+def _banner(s: _Session) -> None:
+    conn = s.kubelet.plugins[s.resource]
+    per_gpu = _by_gpu(conn)
+    ca_file = s.hook.ca_file or s.hook.tls.cert_file
+    review = Path(_shown(EXAMPLE_REVIEW))
+    pod = _shown(EXAMPLE_POD) if EXAMPLE_POD.is_file() else "<a pod.yaml>"
+    say(f"{READY_LINE} (Ctrl-C stops it)")
+    say()
+    say(f"webhook        {s.hook.mutate_url}")
+    say(f"  CA           {_shown(ca_file)}")
+    say(f"  try it       {curl_command(s.hook.mutate_url, Path(_shown(ca_file)), review)}")
+    say(f"  offline      metagpu mutate -f {pod}   (in .venv/bin)")
+    say(
+        f"device plugin  {s.resource}: {len(per_gpu)} simulated GPUs x "
+        f"{s.plugin_config.units_per_gpu} units = {len(conn.devices)} meta-devices, "
+        f"registered with the simulated kubelet at {_shown(s.kubelet.socket_path)}"
+    )
+    say(f"  GPUs file    {_shown(s.gpus_file)} (edit it: append 79 to a GPU's xids)")
+    say()
+
+
+async def _demo(s: _Session) -> None:
+    say("demo: the webhook turns `nvidia.com/gpu: 0.5` into 50 units; the kubelet then asks")
+    say("the plugin where to put them and what the container gets:")
+    await _allocate(s, Allocate(units=s.plugin_config.units_per_gpu // 2, asked="0.5"))
+    _release(s, Release(number=None), quiet=True)
+    s.next_number = 1
+    say("(released again)")
+    say()
+
+
+def _by_gpu(conn: PluginConnection) -> dict[str, dict[str, int]]:
+    """Per GPU id: healthy, unhealthy, allocated and free meta-devices."""
+    out: dict[str, dict[str, int]] = {}
+    for device in conn.devices:
+        gpu, _ = parse_replica_id(device.ID)
+        row = out.setdefault(gpu, {"healthy": 0, "unhealthy": 0, "allocated": 0, "free": 0})
+        healthy = device.health == "Healthy"
+        row["healthy" if healthy else "unhealthy"] += 1
+        if device.ID in conn.allocated:
+            row["allocated"] += 1
+        elif healthy:
+            row["free"] += 1
+    return out
+
+
+def _gpu_rows(s: _Session) -> list[tuple[int, str, str]]:
+    """(index, uuid, name) of every simulated GPU, from the current file."""
+    spec = load_gpus_file(s.gpus_file)
+    return [
+        (g.index if g.index is not None else i, g.uuid, g.name) for i, g in enumerate(spec.gpus)
+    ]
+
+
+def _gpu_names(s: _Session) -> dict[str, str]:
+    """Device ID (UUID or index, per ``device_id_strategy``) → ``GPU <index> <uuid>``.
+
+    Built once per command: the GPUs file is read and validated once, not once
+    per GPU mentioned."""
+    names: dict[str, str] = {}
+    for index, uuid, _ in _gpu_rows(s):
+        names.setdefault(uuid, f"GPU {index} {uuid}")
+        names.setdefault(str(index), f"GPU {index} {uuid}")
+    return names
+
+
+# ---------------------------------------------------------------- commands
+async def _prompt_loop(
+    s: _Session,
+    *,
+    lines: asyncio.Queue[str | None],
+    stop: asyncio.Event,
+    plugin: asyncio.Task[int],
+) -> None:
+    interactive = sys.stdin.isatty()
+    stopped = asyncio.create_task(stop.wait(), name="wait-stop")
+    try:
+        while True:
+            if interactive:
+                print("metagpu> ", end="", flush=True)
+            line_task = asyncio.create_task(lines.get(), name="next-line")
+            done, _ = await asyncio.wait(
+                {line_task, stopped, plugin}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if line_task not in done:
+                line_task.cancel()
+                if plugin in done:
+                    say(f"the device plugin stopped (exit {plugin.result()}); stopping")
+                return
+            line = line_task.result()
+            if line is None:  # end of input
+                if interactive:
+                    return
+                await asyncio.wait({stopped, plugin}, return_when=asyncio.FIRST_COMPLETED)
+                return
+            try:
+                command = parse_prompt(line, units_per_gpu=s.plugin_config.units_per_gpu)
+            except PromptError as exc:
+                say(f"error: {exc}")
+                continue
+            if command is None:
+                continue
+            if isinstance(command, Quit):
+                return
+            await _execute(s, command)
+    finally:
+        stopped.cancel()
+
+
+async def _execute(s: _Session, command: PromptCommand) -> None:
+    try:
+        if isinstance(command, Allocate):
+            await _allocate(s, command)
+        elif isinstance(command, Release):
+            _release(s, command)
+        elif isinstance(command, ShowDevices):
+            _show_devices(s)
+        elif isinstance(command, InjectXid):
+            await _inject_xid(s, command)
+        elif isinstance(command, ShowHelp):
+            say(PROMPT_HELP)
+    except (KubeletSimError, ConfigError, OSError) as exc:
+        say(f"error: {exc}")
+
+
+async def _allocate(s: _Session, command: Allocate) -> None:
+    ids, response = await s.kubelet.allocate(s.resource, command.units)
+    number = s.next_number
+    s.next_number += 1
+    s.allocations[number] = ids
+    counts: dict[str, int] = {}
+    for device_id in ids:
+        gpu, _ = parse_replica_id(device_id)
+        counts[gpu] = counts.get(gpu, 0) + 1
+    names = _gpu_names(s)
+    placed = ", ".join(f"{n} on {names.get(gpu, gpu)}" for gpu, n in counts.items())
+    say(f"#{number} allocate {command.asked} -> {command.units} units: {placed}")
+    for key in sorted(response.envs):
+        say(f"    {key}={response.envs[key]}")
+    for mount in response.mounts:
+        mode = "ro" if mount.read_only else "rw"
+        say(f"    mount {mount.host_path} -> {mount.container_path} ({mode})")
+
+
+def _release(s: _Session, command: Release, *, quiet: bool = False) -> None:
+    numbers: Sequence[int] = list(s.allocations) if command.number is None else [command.number]
+    for number in numbers:
+        ids = s.allocations.pop(number, None)
+        if ids is None:
+            say(f"error: no allocation #{number}; current: {sorted(s.allocations) or 'none'}")
+            continue
+        s.kubelet.release(s.resource, ids)
+        if not quiet:
+            say(f"#{number} released ({len(ids)} units)")
+
+
+def _show_devices(s: _Session) -> None:
+    conn = s.kubelet.plugins[s.resource]
+    per_gpu = _by_gpu(conn)
+    names = _gpu_names(s)
+    say(f"{'GPU':<48} {'healthy':>8} {'allocated':>10} {'free':>6}")
+    for gpu, row in per_gpu.items():
+        health = "yes" if row["unhealthy"] == 0 else "NO"
+        say(f"{names.get(gpu, gpu):<48} {health:>8} {row['allocated']:>10} {row['free']:>6}")
+    say(f"allocatable: {s.kubelet.allocatable(s.resource)} (healthy meta-devices)")
+
+
+async def _inject_xid(s: _Session, command: InjectXid) -> None:
+    rows = _gpu_rows(s)
+    match = [uuid for index, uuid, _ in rows if index == command.gpu_index]
+    if not match:
+        say(f"error: no GPU with index {command.gpu_index}; indices: {[r[0] for r in rows]}")
+        return
+    uuid = match[0]
+    raw: dict[str, Any] = yaml.safe_load(s.gpus_file.read_text()) or {}
+    for gpu in raw.get("gpus", []):
+        if gpu.get("uuid") == uuid:
+            gpu.setdefault("xids", []).append(command.xid)
+    write_atomic(s.gpus_file, yaml.safe_dump(raw, sort_keys=False).encode())
+    ignored = s.plugin_config.health.ignored_xids
+    if command.xid in ignored:
+        say(
+            f"XID {command.xid} appended for GPU {command.gpu_index}; it is in "
+            f"health.ignored_xids {list(ignored)} (an application error), so health stays as is"
+        )
+        return
+    gpu_ids = {uuid, str(command.gpu_index)}
+
+    def sick(devices: list[Any]) -> bool:
+        return any(parse_replica_id(d.ID)[0] in gpu_ids and d.health != "Healthy" for d in devices)
+
+    try:
+        await s.kubelet.wait_devices(s.resource, sick, timeout_s=HEALTH_WAIT_S)
+    except KubeletSimError:
+        say(
+            f"XID {command.xid} appended, but GPU {command.gpu_index} is still healthy "
+            f"after {HEALTH_WAIT_S:.0f}s (is health checking enabled?)"
+        )
+        return
+    say(
+        f"GPU {command.gpu_index} is now Unhealthy: all its meta-devices left allocatable "
+        f"({s.kubelet.allocatable(s.resource)} now); it recovers after "
+        f"{s.plugin_config.health.recovery_s:.0f}s without errors"
+    )
+
+
+def _read_stdin_in_background(
+    loop: asyncio.AbstractEventLoop, lines: asyncio.Queue[str | None]
+) -> None:
+    """Feed stdin lines to ``lines`` from a daemon thread (None at end of input).
+
+    A daemon thread, not ``asyncio.to_thread``: a blocked ``readline`` cannot be
+    cancelled, and the default executor is joined when the loop closes.
+    """
+
+    def pump() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed while we were reading
+            for line in sys.stdin:
+                loop.call_soon_threadsafe(lines.put_nowait, line)
+            loop.call_soon_threadsafe(lines.put_nowait, None)
+
+    threading.Thread(target=pump, name="dev-stdin", daemon=True).start()
