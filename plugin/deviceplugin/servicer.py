@@ -28,8 +28,9 @@ from plugin.api.config import PluginConfig
 from plugin.api.resources import DeviceId
 from plugin.deviceplugin.container_spec import build_container_spec
 from plugin.gpu.health_monitor import HealthBoard
-from plugin.placement.allocation import is_fraction_split, preferred_allocation
+from plugin.placement.allocation import preferred_allocation
 from plugin.placement.devices import HEALTHY, UNHEALTHY, DeviceError, DeviceTable, MetaDevice
+from plugin.placement.units import is_fraction_split
 
 # The name it had before plugin/ was split by concern: log lines (text and JSON
 # show the logger) and any logging config that names it stay as they were.

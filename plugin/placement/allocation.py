@@ -7,20 +7,11 @@ Everything is derived from those lists and the static :class:`DeviceTable`;
 nothing is remembered between calls, so a plugin restart, a kubelet restart
 or a kubelet that ignored an earlier answer can never make the policy wrong.
 
-The shape of an answer for ``size`` units with ``U`` units per GPU is
-``size // U`` whole GPUs plus a remainder of ``size % U`` units:
-
-1. **Whole GPUs** come from *completely free* GPUs (every unit available),
-   all on one NUMA node when one node has enough of them (binpack takes the
-   node with the fewest free GPUs that suffices, keeping big nodes intact;
-   spread takes the node with the most).
-2. **The remainder** goes to one GPU: binpack picks the tightest GPU that
-   fits (the fullest), spread the freest. GPUs already holding
-   ``must_include`` devices come first, then GPUs on the NUMA node(s) already
-   used, then the policy, then NVML order.
-3. **Only when no single GPU can hold the remainder** (or there were not
-   enough completely free GPUs) is it split, over as few GPUs as possible
-   (freest first).
+The decision itself is :func:`plugin.placement.units.place_units`, on per-GPU
+counts, shared with the scheduler extender: whole GPUs from completely free
+GPUs, the remainder on one GPU, a split only when no single GPU can hold it.
+This module turns the kubelet's IDs into those counts and the answer back into
+IDs.
 
 "Satisfiable" means what the kubelet means: ``len(must_include) <= size <=
 len(available ∪ must_include)``. Such a request always gets an answer even
@@ -34,7 +25,7 @@ Deterministic: the same inputs (in any order) give the same answer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +34,7 @@ import numpy.typing as npt
 from plugin.api.config import AllocationPolicy
 from plugin.api.resources import DeviceId, ReplicaId
 from plugin.placement.devices import DeviceError, DeviceTable, UnknownDeviceError
+from plugin.placement.units import is_fraction_split, place_units
 
 
 class AllocationError(DeviceError):
@@ -60,14 +52,6 @@ class Placement:
     """Units taken from each GPU, in GPU order."""
     fraction_split: bool
     """More than one GPU holds a partial share: the fraction is split."""
-
-
-def is_fraction_split(units_held: Iterable[int], *, units_per_gpu: int) -> bool:
-    """More than one GPU holds a partial share: a fraction is spread over GPUs.
-
-    ``units_held`` is how many units an allocation takes from each GPU it
-    touches; whole GPUs never count (1.5 GPUs as 100 + 50 is not a split)."""
-    return sum(1 for n in units_held if n < units_per_gpu) > 1
 
 
 def preferred_allocation(
@@ -116,47 +100,14 @@ def preferred_allocation(
             f"allocation_size {size} is more than the {candidates} devices available"
         )
 
-    take = [0] * ngpus  # units to add per GPU, on top of must_include
-    need = size - len(must)
-    numa = [g.numa_node for g in table.gpus]
-    touched = {pos for pos, n in enumerate(must_on) if n}
-    used_numa = {numa[pos] for pos in touched}
-
-    # 1. Whole GPUs from completely free GPUs.
-    wanted = size // units
-    if wanted and need:
-        whole = [pos for pos in range(ngpus) if free[pos] + must_on[pos] == units]
-        for pos in _order_whole(whole, wanted, numa=numa, touched=touched, policy=policy):
-            if wanted == 0:
-                break
-            if free[pos] > need:
-                continue
-            take[pos], need = free[pos], need - free[pos]
-            free[pos] = 0
-            wanted -= 1
-            touched.add(pos)
-            used_numa.add(numa[pos])
-
-    def preference(pos: int) -> tuple[bool, bool]:
-        return (pos not in touched, bool(used_numa) and numa[pos] not in used_numa)
-
-    if need:
-        # 2. The remainder on one GPU.
-        fits = [pos for pos in range(ngpus) if free[pos] >= need]
-        if fits:
-            sign = 1 if policy == "binpack" else -1
-            best = min(fits, key=lambda pos: (*preference(pos), sign * free[pos], pos))
-            take[best] += need
-            need = 0
-        else:
-            # 3. Split over as few GPUs as possible.
-            for pos in sorted(range(ngpus), key=lambda pos: (-free[pos], *preference(pos), pos)):
-                part = min(need, free[pos])
-                take[pos] += part
-                need -= part
-                if need == 0:
-                    break
-
+    take = place_units(
+        free,
+        must_on,
+        size,
+        units_per_gpu=units,
+        numa=[g.numa_node for g in table.gpus],
+        policy=policy,
+    )
     return _materialise(table, take=take, must_units=must_units, pool_by_gpu=pool_by_gpu)
 
 
@@ -190,46 +141,3 @@ def _materialise(
         counts[gpu.device_id] = extra + len(fixed)
     split = is_fraction_split(counts.values(), units_per_gpu=table.units_per_gpu)
     return Placement(ids=tuple(ids), units_by_gpu=counts, fraction_split=split)
-
-
-def _order_whole(
-    whole: list[int],
-    wanted: int,
-    *,
-    numa: Sequence[int | None],
-    touched: set[int],
-    policy: AllocationPolicy,
-) -> list[int]:
-    """Completely free GPUs in the order whole-GPU parts should use them.
-
-    GPUs that already hold ``must_include`` devices first; then a NUMA node
-    that can hold all ``wanted`` GPUs (binpack: the smallest such group,
-    spread: the largest); then the other nodes, largest first.
-    """
-    if not whole:
-        return []
-    groups: dict[int | None, list[int]] = {}
-    for pos in whole:
-        groups.setdefault(numa[pos], []).append(pos)
-
-    def node_key(node: int | None) -> tuple[bool, int]:
-        return (node is None, node if node is not None else 0)
-
-    home_nodes = {numa[pos] for pos in touched}
-    sizes = {node: len(members) for node, members in groups.items()}
-    enough = [node for node, n in sizes.items() if n >= wanted]
-    if enough:
-        sign = 1 if policy == "binpack" else -1
-        home = min(
-            enough, key=lambda node: (node not in home_nodes, sign * sizes[node], node_key(node))
-        )
-    else:
-        home = min(sizes, key=lambda node: (node not in home_nodes, -sizes[node], node_key(node)))
-    rest = sorted(
-        (node for node in groups if node != home),
-        key=lambda node: (node not in home_nodes, -sizes[node], node_key(node)),
-    )
-    ordered = list(groups[home])
-    for node in rest:
-        ordered.extend(groups[node])
-    return sorted(ordered, key=lambda pos: pos not in touched)

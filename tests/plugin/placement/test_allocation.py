@@ -10,8 +10,9 @@ import pytest
 
 from plugin.api.config import AllocationPolicy
 from plugin.api.resources import parse_replica_id
-from plugin.placement.allocation import AllocationError, is_fraction_split, preferred_allocation
+from plugin.placement.allocation import AllocationError, preferred_allocation
 from plugin.placement.devices import DeviceTable, UnknownDeviceError
+from plugin.placement.units import is_fraction_split
 from tests.plugin.builders import gpu, table, uuid_for
 
 
