@@ -1,0 +1,213 @@
+"""Where every container of a pod lands on a node's GPUs, the way the kubelet will do it (pure).
+
+The device plugin decides one container at a time (``GetPreferredAllocation``
+knows no pod). The scheduler extender has to know beforehand whether *every*
+container of a pod will get its share on one GPU, and which GPU that is. So
+this module replays the kubelet's device manager over per-GPU counts
+(``../shared/KUBELET-FACTS.md`` section 1, from ``pkg/kubelet/cm/devicemanager/
+manager.go``) and decides each container with the plugin's own
+:func:`~plugin.placement.units.place_units`:
+
+* containers go in order: init containers in spec order, then app containers;
+* a container first takes the *reusable* units of its pod (left by regular
+  init containers), without asking the plugin; the rest is asked of the plugin
+  with those in ``must_include``;
+* a regular init container's units become reusable for the later containers;
+  a native sidecar (init container with ``restartPolicy: Always``) keeps its
+  units for the pod's life, as app containers do: theirs leave the reusable set.
+
+Reusable units spread over several GPUs are handed out by the kubelet in no
+fixed order (``UnsortedList``), so a container that takes only part of them
+cannot be predicted; such a pod is refused with that reason rather than placed
+on a guess. Topology Manager alignment is not modelled (see the docstring of
+:mod:`plugin.placement.units` and KUBELET-FACTS section 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from plugin.api.config import AllocationPolicy
+from plugin.placement.units import is_fraction_split, place_units
+
+ContainerKind = Literal["init", "sidecar", "app"]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """One container's ask, in metagpu units (0: asks for none)."""
+
+    name: str
+    kind: ContainerKind
+    units: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """One GPU as the placement sees it: free units now, health, NUMA node."""
+
+    id: str
+    free: int
+    healthy: bool = True
+    numa: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerPlacement:
+    """Where one container's units are: GPU ID → units (reused and newly taken)."""
+
+    name: str
+    kind: ContainerKind
+    units: int
+    gpus: Mapping[str, int]
+    split: bool
+    """More than one GPU holds a partial share of this container."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlacement:
+    """The whole pod on one node: each container, and the units it takes from each GPU.
+
+    ``refusal`` is None when every container gets its whole request with no
+    fraction split; otherwise it says why, in words a user can act on (it
+    becomes the FailedScheduling event through the scheduler extender).
+    """
+
+    containers: tuple[ContainerPlacement, ...]
+    taken: Mapping[str, int] = field(default_factory=dict)
+    """Units the pod takes from each GPU's free units (what a ledger must book)."""
+    refusal: str | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.refusal is None
+
+
+def pod_units(containers: Sequence[ContainerRequest]) -> int:
+    """The pod's request as the scheduler counts it (KUBELET-FACTS section 2).
+
+    App containers plus sidecars, or the largest regular init container plus
+    the sidecars declared before it, whichever is larger.
+    """
+    total = sum(c.units for c in containers if c.kind != "init")
+    sidecars_before = 0
+    peak = 0
+    for c in containers:
+        if c.kind == "sidecar":
+            sidecars_before += c.units
+        elif c.kind == "init":
+            peak = max(peak, c.units + sidecars_before)
+    return max(total, peak)
+
+
+def place_pod(
+    containers: Sequence[ContainerRequest],
+    gpus: Sequence[GpuState],
+    *,
+    units_per_gpu: int,
+    policy: AllocationPolicy,
+) -> PodPlacement:
+    """Replay the kubelet's allocation of ``containers`` (in pod order) on ``gpus``.
+
+    Unhealthy GPUs offer nothing. Deterministic: same inputs, same answer.
+    """
+    free = [g.free if g.healthy else 0 for g in gpus]
+    numa = [g.numa for g in gpus]
+    reusable = [0] * len(gpus)
+    taken = [0] * len(gpus)
+    placed: list[ContainerPlacement] = []
+    for c in containers:
+        if c.units <= 0:
+            continue
+        held = [0] * len(gpus)
+        reuse_total = sum(reusable)
+        if reuse_total:
+            if c.units < reuse_total and sum(1 for n in reusable if n) > 1:
+                return _refused(
+                    placed,
+                    taken,
+                    gpus,
+                    f"{_label(c)} would reuse {c.units} of the {reuse_total} units its pod's "
+                    f"init containers hold on {sum(1 for n in reusable if n)} GPUs, and the "
+                    "kubelet picks reused units in no fixed order; give the init containers "
+                    "a share of one GPU, or the container at least as many units",
+                )
+            for pos, n in enumerate(reusable):
+                part = min(n, c.units - sum(held))
+                held[pos] = part
+        need = c.units - sum(held)
+        if need > sum(free):
+            return _refused(placed, taken, gpus, _short(c, need, free, gpus))
+        take = place_units(
+            free, held, c.units, units_per_gpu=units_per_gpu, numa=numa, policy=policy
+        )
+        mine = [h + t for h, t in zip(held, take, strict=True)]
+        split = is_fraction_split([n for n in mine if n], units_per_gpu=units_per_gpu)
+        if split:
+            return _refused(placed, taken, gpus, _no_single_gpu(c, need, held, free, units_per_gpu))
+        for pos, t in enumerate(take):
+            free[pos] -= t
+            taken[pos] += t
+        for pos, h in enumerate(held):
+            reusable[pos] -= h
+        if c.kind == "init":
+            for pos, n in enumerate(mine):
+                reusable[pos] += n
+        placed.append(
+            ContainerPlacement(
+                c.name,
+                c.kind,
+                c.units,
+                {gpus[pos].id: n for pos, n in enumerate(mine) if n},
+                split=False,
+            )
+        )
+    return PodPlacement(tuple(placed), _by_id(taken, gpus))
+
+
+# ---------------------------------------------------------------- internals
+def _label(c: ContainerRequest) -> str:
+    kind = {"init": "init container", "sidecar": "sidecar container", "app": "container"}[c.kind]
+    return f'{kind} "{c.name}"'
+
+
+def _by_id(counts: Sequence[int], gpus: Sequence[GpuState]) -> dict[str, int]:
+    return {gpus[pos].id: n for pos, n in enumerate(counts) if n}
+
+
+def _refused(
+    placed: list[ContainerPlacement], taken: list[int], gpus: Sequence[GpuState], why: str
+) -> PodPlacement:
+    return PodPlacement(tuple(placed), _by_id(taken, gpus), refusal=why)
+
+
+def _short(c: ContainerRequest, need: int, free: Sequence[int], gpus: Sequence[GpuState]) -> str:
+    unhealthy = sum(1 for g in gpus if not g.healthy)
+    note = f"; {unhealthy} GPU{'s' if unhealthy != 1 else ''} unhealthy" if unhealthy else ""
+    return f"{_label(c)} needs {need} units, {sum(free)} free on healthy GPUs{note}"
+
+
+def _no_single_gpu(
+    c: ContainerRequest, need: int, held: Sequence[int], free: Sequence[int], units_per_gpu: int
+) -> str:
+    """Why the container's share would be split: the words of a FailedScheduling event."""
+    whole, remainder = divmod(c.units, units_per_gpu)
+    largest = max(free, default=0)
+    total = sum(free)
+    if whole and sum(1 for n in free if n == units_per_gpu) < whole:
+        completely = sum(1 for n in free if n == units_per_gpu)
+        return (
+            f"{_label(c)} needs {whole} completely free GPU{'s' if whole != 1 else ''} "
+            f"and {completely} {'is' if completely == 1 else 'are'} ({total} units free in total)"
+        )
+    if any(held):
+        return (
+            f"{_label(c)}: the GPU holding its {sum(held)} reused units has no room for "
+            f"{need} more (largest free {largest}; {total} free in total)"
+        )
+    return (
+        f"no single GPU has {remainder or need} free units "
+        f"(largest {largest}; {total} free in total)"
+    )
