@@ -99,9 +99,30 @@ def parse_prompt(line: str, *, units_per_gpu: int) -> PromptCommand | None:
     raise PromptError(f"unknown command {verb!r}; type `help` for the list")
 
 
+MAX_NUMBER_DIGITS = 9
+"""Longer whole numbers are refused before ``int()``: no GPU has a billion units,
+and Python refuses to convert 4,300 digits or more (a typo must not end the session)."""
+
+
+def _whole_number(text: str, *, what: str) -> int | None:
+    """``text`` as a whole number when it is ASCII digits (None otherwise).
+
+    ASCII only: ``str.isdigit`` also accepts other scripts' digits and
+    superscripts, which ``int()`` then reads or refuses in surprising ways.
+    """
+    if not (text.isascii() and text.isdigit()):
+        return None
+    if len(text) > MAX_NUMBER_DIGITS:
+        raise PromptError(
+            f"{what} {text[:12]}… has {len(text)} digits; at most {MAX_NUMBER_DIGITS} are accepted"
+        )
+    return int(text)
+
+
 def _units(text: str, *, units_per_gpu: int) -> int:
-    if text.isdigit():
-        units = int(text)
+    whole = _whole_number(text, what="amount")
+    if whole is not None:
+        units = whole
     else:
         try:
             value = parse_quantity(text)
@@ -120,7 +141,9 @@ def _units(text: str, *, units_per_gpu: int) -> int:
 
 
 def _positive(text: str, *, what: str, allow_zero: bool = False) -> int:
-    if not text.isascii() or not text.isdigit() or (int(text) == 0 and not allow_zero):
+    number = _whole_number(text, what=what)
+    if number is None or (number == 0 and not allow_zero):
         floor = "0" if allow_zero else "1"
-        raise PromptError(f"{what} must be a whole number >= {floor}, got {text!r}")
-    return int(text)
+        shown = text if len(text) <= 40 else f"{text[:40]}… ({len(text)} characters)"
+        raise PromptError(f"{what} must be a whole number >= {floor}, got {shown!r}")
+    return number

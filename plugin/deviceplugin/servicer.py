@@ -132,7 +132,11 @@ class DevicePluginServicer:
     async def Allocate(self, request: Any, context: Any) -> Any:  # noqa: N802
         # Validate every container before answering any: nothing is half-applied.
         containers: list[list[MetaDevice]] = []
-        for creq in request.container_requests:
+        owner: dict[str, int] = {}
+        for position, creq in enumerate(request.container_requests):
+            problem = _request_problem(position, creq.devices_ids, owner)
+            if problem is not None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             try:
                 containers.append(self._table.lookup_all(creq.devices_ids))
             except DeviceError as exc:
@@ -221,3 +225,28 @@ def _device(device: MetaDevice, health: str) -> Any:
     if device.gpu.numa_node is not None:
         message.topology.nodes.add(ID=device.gpu.numa_node)
     return message
+
+
+def _request_problem(position: int, device_ids: Any, owner: dict[str, int]) -> str | None:
+    """Why one container request of an Allocate cannot be served, or None.
+
+    The kubelet never sends a container request without devices, nor one
+    device to two containers of one call; a client that does is confused or
+    hostile, and an answer would hand one GPU share to two containers. So it is
+    refused, naming the container requests by position (the API has no
+    container names). ``owner`` collects which request took each ID.
+    """
+    if not device_ids:
+        return (
+            f"container request #{position} names no devices; every container request must "
+            "name at least one meta-device"
+        )
+    for device_id in device_ids:
+        first = owner.setdefault(device_id, position)
+        if first != position:
+            shown = device_id if len(device_id) <= 80 else device_id[:80] + "…"
+            return (
+                f"device {shown} is requested by container requests #{first} and #{position}; "
+                "a meta-device can be allocated to one container only"
+            )
+    return None

@@ -63,6 +63,10 @@ def test_prompt_commands(line: str, expected: object) -> None:
         pytest.param("xid 1", "usage: xid", id="xid-missing"),
         pytest.param("xid ² 79", "GPU index must be a whole number", id="xid-unicode-digit"),
         pytest.param("launch", "unknown command 'launch'", id="unknown"),
+        pytest.param("allocate " + "9" * 5000, "has 5000 digits; at most 9", id="huge-amount"),
+        pytest.param("xid 0 " + "7" * 5000, "XID 777777777777… has 5000", id="huge-xid"),
+        pytest.param("release " + "1" * 4301, "has 4301 digits", id="huge-release"),
+        pytest.param("allocate ٣", "not a GPU amount", id="arabic-indic-digit"),
     ],
 )
 def test_prompt_errors_say_what_would_be_accepted(line: str, fragment: str) -> None:

@@ -239,6 +239,31 @@ async def test_unknown_ids_are_invalid_argument_over_grpc(short_tmp_path: Path) 
         assert "unknown device: GPU-nope::0" in (err.value.details() or "")
 
 
+async def test_allocate_refuses_an_empty_container_or_a_shared_id_over_grpc(
+    short_tmp_path: Path,
+) -> None:
+    """The kubelet never sends these; a confused or hostile client gets INVALID_ARGUMENT
+    naming the container requests, never one share handed to two containers."""
+    async with kubelet_and_plugin(short_tmp_path) as (kubelet, _):
+        conn = await kubelet.wait_registered(RESOURCE)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await conn.client.allocate([[f"{uuid_for(0)}::1"], []])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "container request #1 names no devices" in (err.value.details() or "")
+        shared = f"{uuid_for(0)}::3"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await conn.client.allocate(
+                [[shared, f"{uuid_for(0)}::4"], [f"{uuid_for(0)}::5", shared]]
+            )
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"device {shared} is requested by container requests #0 and #1" in (
+            err.value.details() or ""
+        )
+        # One ID twice in one container is the same device: still served.
+        response = await conn.client.allocate([[shared, shared]])
+        assert len(response.container_responses) == 1
+
+
 async def test_reload_applies_a_new_config_and_rejects_a_bad_one(
     short_tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

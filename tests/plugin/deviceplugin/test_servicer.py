@@ -84,7 +84,7 @@ async def test_allocate_rejects_unknown_ids_and_names_them(bad: str) -> None:
     context = FakeContext()
     good = [f"{uuid_for(0)}::1"]
     with pytest.raises(AbortedError):
-        await servicer.Allocate(allocate_request(good, [good[0], bad]), context)
+        await servicer.Allocate(allocate_request(good, [f"{uuid_for(0)}::2", bad]), context)
     assert context.code == grpc.StatusCode.INVALID_ARGUMENT
     assert f"unknown device: {bad}" in context.details
 
