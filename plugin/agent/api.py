@@ -303,9 +303,24 @@ async def post_kill(request: web.Request) -> web.Response:
 
 
 async def _json_body(request: web.Request) -> dict[str, Any] | web.Response:
-    raw = await request.content.read(MAX_BODY_BYTES + 1)
-    if len(raw) > MAX_BODY_BYTES:
-        return status_response(413, "RequestEntityTooLarge", "request body too large")
+    """The whole request body as a JSON object, or the error response.
+
+    A declared ``Content-Length`` over the limit is refused at once, without
+    waiting for a body that may never come. Otherwise the body is read to its
+    end: ``content.read(n)`` returns what has *arrived*, so a body written in
+    two pieces (or chunked) would otherwise be judged by its first piece.
+    """
+    too_large = status_response(
+        413, "RequestEntityTooLarge", f"request body too large (at most {MAX_BODY_BYTES} bytes)"
+    )
+    declared = request.content_length
+    if declared is not None and declared > MAX_BODY_BYTES:
+        return too_large
+    raw = bytearray()
+    while chunk := await request.content.read(MAX_BODY_BYTES + 1 - len(raw)):
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            return too_large
     try:
         body = json.loads(raw or b"{}")
     except ValueError as exc:

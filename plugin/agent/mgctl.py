@@ -70,22 +70,54 @@ class MgctlError(Exception):
         self.exit_code = exit_code
 
 
+CONNECT_RETRY_S = (0.005, 0.1)
+"""First and largest pause between connection attempts while the agent's backlog is full."""
+
+
+class AgentBusyError(OSError):
+    """The agent's accept backlog stayed full for the whole timeout."""
+
+
 class _UnixConnection(http.client.HTTPConnection):
-    """HTTP/1.1 over a unix socket (``http.client`` only knows TCP)."""
+    """HTTP/1.1 over a unix socket (``http.client`` only knows TCP).
+
+    A unix socket whose accept backlog is full refuses a connection at once
+    with ``EAGAIN`` ("Resource temporarily unavailable") instead of queueing
+    it, as TCP would. Many containers running mgctl at once (a job's pods
+    starting together) fill it for a moment, so mgctl waits and tries again
+    until its timeout rather than failing.
+    """
 
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
         self._path = path
+        self.attempts = 0
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+        timeout = self.timeout if isinstance(self.timeout, (int, float)) else REQUEST_TIMEOUT_S
+        deadline = time.monotonic() + timeout
+        pause = CONNECT_RETRY_S[0]
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            self.attempts += 1
+            try:
+                sock.connect(self._path)
+            except BlockingIOError:
+                sock.close()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AgentBusyError(
+                        f"the agent stayed busy for {timeout:g} s (its connection backlog is full)"
+                    ) from None
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, CONNECT_RETRY_S[1])
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+            return
 
 
 class AgentClient:
@@ -120,6 +152,10 @@ class AgentClient:
         except PermissionError:
             raise MgctlError(
                 self._unreachable("permission denied opening it (the agent makes it 0666)")
+            ) from None
+        except AgentBusyError as exc:
+            raise MgctlError(
+                f"the metagpu agent at {self.socket_path} did not answer: {exc}"
             ) from None
         except TimeoutError:
             raise MgctlError(

@@ -431,3 +431,70 @@ async def test_an_agent_leaves_the_socket_of_the_agent_that_replaced_it(
         assert not path.exists()  # the newer one removes its own
     finally:
         await older.stop()
+
+
+# ------------------------------------------------ bodies as clients send them
+async def _raw_exchange(
+    socket_path: Path, head: bytes, parts: list[bytes]
+) -> tuple[int, dict[str, object]]:
+    """Send ``head`` and then each of ``parts`` as separate writes; the answer's status and JSON.
+
+    Between parts the test checks that no answer has come yet: the agent must
+    wait for the whole body, not judge what has arrived so far.
+    """
+    reader, writer = await asyncio.open_unix_connection(str(socket_path))
+    try:
+        writer.write(head)
+        await writer.drain()
+        for part in parts:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(reader.read(1), timeout=0.2)  # nothing yet
+            writer.write(part)
+            await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout=10)
+    finally:
+        writer.close()
+    status_line, _, rest = raw.partition(b"\r\n")
+    body = rest.partition(b"\r\n\r\n")[2]
+    return int(status_line.split()[1]), json.loads(body)
+
+
+async def test_a_body_written_in_two_pieces_is_read_whole(node: Node) -> None:
+    place_in_container(node.proc_root, os.getpid(), ref("a"))
+    body = b'{"pid": "x"}'
+    head = (
+        b"POST /v1/kill HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    status, doc = await _raw_exchange(node.socket, head + body[:5], [body[5:]])
+    assert status == 400
+    assert '"pid" must be a positive integer' in str(doc["message"])
+
+
+async def test_a_chunked_body_is_read_whole(node: Node) -> None:
+    place_in_container(node.proc_root, os.getpid(), ref("a"))
+    head = (
+        b"POST /v1/kill HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    status, doc = await _raw_exchange(
+        node.socket, head + b'5\r\n{"pid\r\n', [b'7\r\n": "x"}\r\n', b"0\r\n\r\n"]
+    )
+    assert status == 400
+    assert '"pid" must be a positive integer' in str(doc["message"])
+
+
+async def test_a_declared_body_over_the_limit_is_refused_at_once(node: Node) -> None:
+    place_in_container(node.proc_root, os.getpid(), ref("a"))
+    reader, writer = await asyncio.open_unix_connection(str(node.socket))
+    try:
+        writer.write(
+            b"POST /v1/kill HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 10000000\r\n\r\n"
+        )
+        await writer.drain()
+        # No body is ever sent: the answer must come from the header alone.
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 413 ")

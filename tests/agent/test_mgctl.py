@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ast
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +258,67 @@ def test_usage_errors_exit_2(
         mgctl.main(argv)
     assert exit_.value.code == mgctl.EXIT_USAGE
     assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------- a full accept backlog
+def _full_backlog(path: str) -> tuple[socket.socket, list[socket.socket]]:
+    """A listening unix socket that accepts nothing, with its backlog filled."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    queued: list[socket.socket] = []
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(path)
+        except BlockingIOError:
+            s.close()
+            return server, queued
+        queued.append(s)
+
+
+def test_connect_waits_while_the_backlog_is_full(short_tmp_path: Path) -> None:
+    """EAGAIN from a full backlog is "busy", not "unreachable": mgctl tries again."""
+    path = str(short_tmp_path / "agent.sock")
+    server, queued = _full_backlog(path)
+    conn = mgctl._UnixConnection(path, timeout=10)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            conn.connect()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        done.set()
+
+    thread = threading.Thread(target=connect)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while conn.attempts < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)  # polling a condition, bounded: the attempts counter
+        assert conn.attempts >= 2, "mgctl gave up (or never retried) while the agent was busy"
+        server.accept()[0].close()  # the agent catches up: room in the backlog
+        assert done.wait(10)
+        assert not errors
+        assert conn.sock is not None
+    finally:
+        thread.join(10)
+        if conn.sock is not None:
+            conn.sock.close()
+        for s in [server, *queued]:
+            s.close()
+
+
+def test_a_backlog_that_stays_full_is_reported_as_busy(short_tmp_path: Path) -> None:
+    path = str(short_tmp_path / "agent.sock")
+    server, queued = _full_backlog(path)
+    try:
+        client = mgctl.AgentClient(path, timeout_s=0.3)
+        with pytest.raises(mgctl.MgctlError, match="backlog is full"):
+            client.get("/version")
+    finally:
+        for s in [server, *queued]:
+            s.close()
