@@ -143,7 +143,7 @@ class QuotaCache:
         if not kinds:
             self._kinds.pop(namespace, None)
         if unmirrored:
-            self._warnings[namespace] = (unmirrored_warning(namespace, unmirrored, self._settings),)
+            self._warnings[namespace] = (unmirrored_warning(unmirrored, self._settings),)
         else:
             self._warnings.pop(namespace, None)
 

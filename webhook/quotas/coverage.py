@@ -18,7 +18,10 @@ from webhook.quotas.mirror import GPU_KEYS, MirrorSettings, Obj, hard_of
 QuotaKind = Literal["gpus", "units", "both"]
 """What one quota limits: whole GPUs, the metagpu resource, or both."""
 
-MAX_NAMES_SHOWN: Final = 3
+MAX_NAME_CHARS: Final = 30
+"""A quota name is cut to this in the warning: the API server truncates a warning
+past 256 characters (:data:`webhook.review.MAX_WARNING_CHARS`), and the advice
+matters more than the end of a long name."""
 
 
 def kind_of(quota: Obj, settings: MirrorSettings) -> QuotaKind | None:
@@ -48,18 +51,21 @@ class NamespaceQuotas:
         return sorted(n for n, k in self.kinds.items() if k == "gpus")
 
 
-def unmirrored_warning(namespace: str, quotas: Iterable[str], settings: MirrorSettings) -> str:
-    """What the AdmissionResponse says when GPU quotas do not count units."""
+def unmirrored_warning(quotas: Iterable[str], settings: MirrorSettings) -> str:
+    """What the AdmissionResponse says when GPU quotas do not count units.
+
+    The API server cuts a warning at 256 characters: the namespace is left out
+    (the user is applying to it) and a long quota name is cut, so the quota,
+    what it misses and the two ways to fix it always fit.
+    """
     names = list(quotas)
-    shown = ", ".join(f'"{n}"' for n in names[:MAX_NAMES_SHOWN])
-    if len(names) > MAX_NAMES_SHOWN:
-        shown += f" and {len(names) - MAX_NAMES_SHOWN} more"
+    first = names[0] if names else ""
+    if len(first) > MAX_NAME_CHARS:
+        first = first[: MAX_NAME_CHARS - 3] + "..."
+    more = f" (+{len(names) - 1} more)" if len(names) > 1 else ""
     resource = settings.resource_name
     return (
-        f'namespace "{namespace}" limits {NVIDIA_GPU_RESOURCE} (ResourceQuota {shown}) but no '
-        f"ResourceQuota there limits {resource}, so the {resource} units asked for here are "
-        "not counted against that GPU budget. Turn on the metagpu quota mirror (Helm value "
-        "quotaMirror.enabled) to keep a companion quota in units, or add "
-        f"requests.{resource} ({settings.units_per_gpu} per GPU) to a quota yourself; "
-        "see docs/quotas.md"
+        f'ResourceQuota "{first}"{more} limits {NVIDIA_GPU_RESOURCE} but not {resource} in '
+        "this namespace; these units are not counted. Fix: quotaMirror.enabled=true, or "
+        f"requests.{resource} ({settings.units_per_gpu}/GPU) in a quota (docs/quotas.md)"
     )
