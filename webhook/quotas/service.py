@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Final
 
@@ -152,6 +154,40 @@ async def quota_mirror(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await api.close()
+
+
+async def serve_quota_mirror(config: WebhookConfig, *, env: Mapping[str, str] | None = None) -> int:
+    """``metagpu quota-mirror``: run until SIGTERM or SIGINT, release the Lease, return 0.
+
+    Signals are handled here, once, at the top (as :func:`webhook.server.serve`);
+    ``quota_mirror.enabled: auto`` counts as on, since the command was asked for.
+    """
+    env = os.environ if env is None else env
+    if config.quota_mirror.enabled == "auto":
+        mirror = config.quota_mirror.model_copy(update={"enabled": True})
+        config = config.model_copy(update={"quota_mirror": mirror})
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        logger.info("stopping on signal", extra={"signal": sig.name})
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        async with quota_mirror(config, env=env) as task:
+            assert task is not None  # enabled above
+            await asyncio.wait(
+                {task, asyncio.create_task(stop.wait(), name="metagpu-quota-mirror-stop")},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return 0
 
 
 def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
