@@ -9,9 +9,9 @@ bounded by :data:`MAX_QUOTAS`; past it, new quotas are not tracked (logged
 once), which can only cost a warning, never an admission.
 
 :class:`QuotaAwareNamespaces` is the composition point: it wraps any
-:class:`webhook.namespaces.NamespaceSource` and appends the namespace's quota
-warning to the facts it answers, so the rules carry it on a converted
-object's response like every other namespace warning.
+:class:`webhook.namespaces.NamespaceSource` and puts the namespace's quota
+warning in the facts' ``unit_warnings``, which :func:`webhook.admission.admit`
+adds to the response of an admitted object that asks for metagpu units.
 """
 
 from __future__ import annotations
@@ -180,4 +180,4 @@ class QuotaAwareNamespaces:
         extra = self._quotas.warnings(name)
         if not extra:
             return facts
-        return dataclasses.replace(facts, warnings=(*facts.warnings, *extra))
+        return dataclasses.replace(facts, unit_warnings=extra)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -19,12 +20,14 @@ from tests.webhook.conftest import client_context, webhook_config
 from tests.webhook.http import HttpAnswer, ReviewClient
 from tests.webhook.quotas.builders import SETTINGS, for_put, quota
 from tests.webhook.waiting import eventually
-from webhook.config import KubernetesConfig
+from webhook.admission import admit
+from webhook.config import KubernetesConfig, WebhookConfig
+from webhook.model import NamespaceFacts, RuleSettings
 from webhook.namespaces import new_api_client
 from webhook.permissions import QUOTA_CACHE_PERMISSIONS
 from webhook.quotas.cache import QuotaCache
 from webhook.quotas.coverage import NamespaceQuotas, unmirrored_warning
-from webhook.review import MAX_WARNING_CHARS
+from webhook.review import MAX_WARNING_CHARS, AdmissionRequest
 from webhook.server import running_webhook
 
 RQ = ("v1", "ResourceQuota")
@@ -78,6 +81,11 @@ async def test_a_converted_pod_hears_that_the_gpu_quota_does_not_count_it(
 
     # A pod that asks for no GPU is not converted: no metagpu warning on every `kubectl run`.
     assert quota_warnings(await client.post(load_admission_fixture("pod-no-gpu.json"))) == []
+    # A whole GPU is counted by the quota: no warning even though a sidecar is mutated.
+    whole = {**review, "request": _whole_gpu_pod_with_sidecar()}
+    answer = await client.post(whole)
+    assert answer.patch
+    assert quota_warnings(answer) == []
 
     # Once the units are limited (the mirror's companion, or the operator's own): quiet.
     api.put(for_put(quota("gpus-metagpu", {"requests.cnvrg.io/metagpu": "200"})))
@@ -136,3 +144,60 @@ def test_warning_fits_what_the_api_server_keeps() -> None:
     assert len(longest) <= MAX_WARNING_CHARS
     assert NamespaceQuotas({"a": "gpus", "b": "units"}).unmirrored() == []
     assert NamespaceQuotas({"a": "both"}).unmirrored() == []
+
+
+# ------------------------------------------------- which admitted objects hear it
+WARNING = ("the GPU quota does not count units",)
+
+
+def _review(name: str) -> dict[str, Any]:
+    request: dict[str, Any] = load_admission_fixture(name)["request"]
+    return request
+
+
+def _whole_gpu_pod_with_sidecar() -> dict[str, Any]:
+    request = _review("pod-half-gpu.json")
+    spec = request["object"]["spec"]
+    spec["runtimeClassName"] = "nvidia"
+    spec["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    spec["containers"].append({"name": "side", "image": "busybox"})
+    return request
+
+
+def _cronjob_template_in_units() -> dict[str, Any]:
+    request = _review("statefulset-metagpu-20.json")
+    template = request["object"]["spec"]["template"]
+    request["kind"] = {"group": "batch", "version": "v1", "kind": "CronJob"}
+    request["object"] = {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": "nightly", "namespace": "team-a"},
+        "spec": {"schedule": "@daily", "jobTemplate": {"spec": {"template": template}}},
+    }
+    return request
+
+
+@pytest.mark.parametrize(
+    ("request_body", "warned"),
+    [
+        pytest.param(_review("pod-half-gpu.json"), True, id="fraction-converted"),
+        pytest.param(_review("deployment-half-gpu.json"), True, id="template-converted"),
+        pytest.param(_review("statefulset-metagpu-20.json"), True, id="template-already-units"),
+        pytest.param(_cronjob_template_in_units(), True, id="cronjob-template-units"),
+        pytest.param(
+            _review("pod-init-sidecar-two-containers-fractions.json"), True, id="init-containers"
+        ),
+        pytest.param(_review("pod-no-gpu.json"), False, id="no-gpu"),
+        pytest.param(_whole_gpu_pod_with_sidecar(), False, id="whole-gpu-is-counted"),
+        pytest.param(_review("pod-0.333-gpu.json"), False, id="denied"),
+    ],
+)
+def test_only_objects_that_ask_for_units_hear_it(
+    request_body: dict[str, Any], warned: bool
+) -> None:
+    settings = RuleSettings.from_config(WebhookConfig())
+    facts = NamespaceFacts(unit_warnings=WARNING)
+    decision = admit(cast(AdmissionRequest, request_body), settings=settings, namespace=facts)
+    assert (WARNING[0] in decision.warnings) is warned
+    plain = admit(cast(AdmissionRequest, request_body), settings=settings)
+    assert decision.warnings[: len(plain.warnings)] == plain.warnings  # only added to
