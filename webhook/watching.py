@@ -15,18 +15,24 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 
 from certs.kube import status_fields
-from webhook.namespaces import BACKOFF_S, WATCH_TIMEOUT_S, _raw
+from webhook.namespaces import BACKOFF_S, WATCH_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 ListCall = Callable[..., Awaitable[object]]
 """A generated ``list_*`` method (``CoreV1Api.list_resource_quota_for_all_namespaces``)."""
+
+
+def raw_response(response: object) -> aiohttp.ClientResponse:
+    """With ``_preload_content=False`` the generated client returns the aiohttp response
+    (its annotations say otherwise); reading it ourselves skips model deserialisation."""
+    return cast(aiohttp.ClientResponse, response)
 
 
 class ListWatch:
@@ -68,7 +74,7 @@ class ListWatch:
                 delay = min(delay * 2, BACKOFF_S[1])
 
     async def _list(self) -> str:
-        resp = _raw(
+        resp = raw_response(
             await self._list_call(
                 _preload_content=False, _request_timeout=aiohttp.ClientTimeout(total=60)
             )
@@ -86,7 +92,7 @@ class ListWatch:
 
     async def _watch(self, rv: str) -> str | None:
         """Follow changes from ``rv``; the rv to continue from, or None to list again."""
-        resp = _raw(
+        resp = raw_response(
             await self._list_call(
                 watch=True,
                 resource_version=rv,

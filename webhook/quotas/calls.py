@@ -15,7 +15,7 @@ from typing import Any, Final
 import aiohttp
 
 from certs.kube import status_fields
-from webhook.namespaces import _raw
+from webhook.watching import raw_response
 
 REQUEST_TIMEOUT_S: Final = 10.0
 """Per request; these small reads and writes take milliseconds."""
@@ -44,7 +44,7 @@ def raw_options(timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
 
 async def call_api(send: Callable[[], Awaitable[object]]) -> Answer:
     """Send, read the whole answer, release the connection. Transport errors raise."""
-    resp = _raw(await send())
+    resp = raw_response(await send())
     try:
         body = await resp.read()
     finally:
