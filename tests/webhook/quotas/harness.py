@@ -17,8 +17,9 @@ from webhook.namespaces import new_api_client
 from webhook.quotas.controller import QuotaMirror
 from webhook.quotas.leader import LeaderElector, LeaseTiming
 
-FAST = LeaseTiming(lease_duration_s=1, renew_deadline_s=0.5, retry_period_s=0.1)
-"""The smallest Lease the API can express (whole seconds), renewing ten times a second."""
+FAST = LeaseTiming(lease_duration_s=2, renew_deadline_s=1.2, retry_period_s=0.2)
+"""A Lease of two seconds (the API stores whole seconds), renewed five times a second: short
+for the tests, with room for a loaded machine to renew in time."""
 
 LEASE = "metagpu-quota-mirror"
 LEASE_NAMESPACE = "metagpu"
