@@ -121,9 +121,12 @@ class QuotaMirror:
             await self._wake.wait()
             self._wake.clear()
             while self._dirty:
-                namespace = min(self._dirty)
-                self._dirty.discard(namespace)
-                await self._reconcile(namespace)
+                # In name order, a batch at a time: a namespace marked again meanwhile
+                # is planned again in the next batch, from its newest state.
+                batch = sorted(self._dirty)
+                self._dirty.clear()
+                for namespace in batch:
+                    await self._reconcile(namespace)
 
     async def _reconcile(self, namespace: str) -> None:
         quotas = self._quotas.get(namespace, {})

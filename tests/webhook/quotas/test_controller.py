@@ -206,3 +206,13 @@ async def test_nothing_is_written_twice(cluster: tuple[FakeKubeApi, Path]) -> No
         watches = sum(r.verb == "watch" for r in api.requests)
         await eventually(lambda: sum(r.verb == "watch" for r in api.requests) > watches + 1)
     assert len(quota_writes(api)) == 5
+
+
+async def test_a_failed_list_is_retried(cluster: tuple[FakeKubeApi, Path]) -> None:
+    api, kubeconfig = cluster
+    api.forbid("list", "resourcequotas", times=1)  # RBAC not yet bound, say
+    api.put(for_put(quota("gpus", {"requests.nvidia.com/gpu": "1"})))
+    async with mirror_instance(kubeconfig, "a", Leadership()):
+        await eventually(lambda: units(api, "gpus-metagpu") == "100")
+    lists = [r.status for r in api.requests if r.verb == "list"]
+    assert lists[:2] == [403, 200]
