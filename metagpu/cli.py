@@ -38,6 +38,7 @@ COMMAND_MODULES: Final[dict[str, tuple[str, str]]] = {
         "webhook.cli",
         "apply the webhook's rules to a pod file offline and show the result",
     ),
+    "quota-mirror": ("webhook.cli", "keep a ResourceQuota in metagpu units beside each GPU quota"),
     "certs": ("certs.cli", "generate, bootstrap and inspect the webhook's TLS certificates"),
     "device-plugin": ("plugin.deviceplugin.cli", "serve meta-devices to the kubelet (v1beta1)"),
     "agent": ("metagpu.agent", "node agent: usage accounting, enforcement, labels, metrics"),

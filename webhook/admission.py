@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+from webhook.quotas.coverage import with_unit_warnings
 from webhook.review import AdmissionRequest
 from webhook.rules import (
     NO_NAMESPACE_FACTS,
@@ -95,8 +96,25 @@ def admit(
     """Apply the rules that own this request. Raises ``PodShapeError`` for an object
     that is not shaped like its kind (never sent by a real API server).
 
-    ``target`` is ``classify(request)`` when the caller already has it.
+    ``target`` is ``classify(request)`` when the caller already has it. The
+    namespace's ``unit_warnings`` (its GPU quotas do not count units) are added
+    only when the admitted object asks for metagpu units.
     """
+    decision = _admit(request, settings=settings, namespace=namespace, target=target)
+    if namespace.unit_warnings:
+        return with_unit_warnings(
+            decision, request.get("object"), settings=settings, warnings=namespace.unit_warnings
+        )
+    return decision
+
+
+def _admit(
+    request: AdmissionRequest,
+    *,
+    settings: RuleSettings,
+    namespace: NamespaceFacts,
+    target: Target | None,
+) -> Decision:
     target = target or classify(request)
     obj = request.get("object")
     if target == "other" or obj is None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 from plugin.api.commands import (
     EXIT_FAILURE,
     EXIT_OK,
+    EXIT_USAGE,
     Command,
     add_config_file_argument,
     add_print_config_argument,
@@ -93,6 +94,25 @@ def _webhook_arguments(parser: argparse.ArgumentParser) -> None:
         "kubeconfig), true (required), false (config alone)",
     )
     kube.add_argument("--kubeconfig", type=Path, metavar="FILE", help="kubeconfig to use")
+    kube.add_argument(
+        "--quota-mirror",
+        choices=("auto", "true", "false"),
+        help="keep a companion ResourceQuota in units for every GPU quota (docs/quotas.md): "
+        "auto (in a cluster), true, false",
+    )
+
+
+def _lease_arguments(parser: argparse.ArgumentParser) -> None:
+    lease = parser.add_argument_group("leader election (quota mirror)")
+    lease.add_argument("--lease-name", help="Lease to elect a leader with (metagpu-quota-mirror)")
+    lease.add_argument(
+        "--lease-namespace", help="namespace of the Lease (default: the pod's own namespace)"
+    )
+    lease.add_argument("--identity", help="this replica's name in the Lease (<hostname>_<uuid>)")
+
+
+def _tri_state(value: str | None) -> str | bool | None:
+    return value if value in (None, "auto") else value == "true"
 
 
 def load_webhook_config(args: argparse.Namespace) -> WebhookConfig:
@@ -109,10 +129,12 @@ def load_webhook_config(args: argparse.Namespace) -> WebhookConfig:
         "units_per_gpu": getattr(args, "units_per_gpu", None),
         "default_compute_policy": getattr(args, "default_compute_policy", None),
         "kubernetes.kubeconfig": getattr(args, "kubeconfig", None),
+        "kubernetes.enabled": _tri_state(getattr(args, "kubernetes", None)),
+        "quota_mirror.enabled": _tri_state(getattr(args, "quota_mirror", None)),
+        "quota_mirror.lease_name": getattr(args, "lease_name", None),
+        "quota_mirror.lease_namespace": getattr(args, "lease_namespace", None),
+        "quota_mirror.identity": getattr(args, "identity", None),
     }
-    enabled = getattr(args, "kubernetes", None)
-    if enabled is not None:
-        flags["kubernetes.enabled"] = enabled if enabled == "auto" else enabled == "true"
     return load_config(
         WebhookConfig, file=args.config, env=os.environ, env_prefix=ENV_PREFIX, flags=flags
     )
@@ -130,9 +152,55 @@ def run_webhook(args: argparse.Namespace) -> int:
     config = load_webhook_config(args)
     if args.print_config:
         return print_config(config)
+    from webhook.namespaces import KubernetesUnavailableError  # noqa: PLC0415 - heavy
+    from webhook.quotas.service import QuotaMirrorConfigError  # noqa: PLC0415 - heavy
     from webhook.server import serve  # noqa: PLC0415 - heavy: aiohttp, kubernetes_asyncio
 
-    return asyncio.run(serve(config, announce=_announce))
+    try:
+        return asyncio.run(serve(config, announce=_announce))
+    except (KubernetesUnavailableError, QuotaMirrorConfigError) as exc:
+        print(f"metagpu webhook: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+# ------------------------------------------------------------- quota mirror
+def _quota_mirror_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_file_argument(
+        parser,
+        env_var=ENV_CONFIG_FILE,
+        what="the webhook's config file (resource_name, units_per_gpu, quota_mirror.*)",
+    )
+    add_print_config_argument(parser)
+    rules = parser.add_argument_group("units")
+    rules.add_argument("--resource-name", help="metagpu resource to limit (cnvrg.io/metagpu)")
+    rules.add_argument("--units-per-gpu", type=int, help="units per GPU (100)")
+    kube = parser.add_argument_group("Kubernetes")
+    kube.add_argument("--kubeconfig", type=Path, metavar="FILE", help="kubeconfig to use")
+    _lease_arguments(parser)
+
+
+def run_quota_mirror(args: argparse.Namespace) -> int:
+    config = load_webhook_config(args)
+    if config.quota_mirror.enabled is False:
+        print(
+            "metagpu quota-mirror: quota_mirror.enabled is false in the configuration; this "
+            "command runs the mirror, so drop that setting (or run the webhook instead)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.print_config:
+        return print_config(config)
+    from webhook.namespaces import KubernetesUnavailableError  # noqa: PLC0415 - heavy
+    from webhook.quotas.service import (  # noqa: PLC0415 - heavy: kubernetes_asyncio
+        QuotaMirrorConfigError,
+        serve_quota_mirror,
+    )
+
+    try:
+        return asyncio.run(serve_quota_mirror(config))
+    except (KubernetesUnavailableError, QuotaMirrorConfigError) as exc:
+        print(f"metagpu quota-mirror: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 # ------------------------------------------------------------------- mutate
@@ -222,6 +290,21 @@ COMMANDS: Final = (
             "Serve AdmissionReview v1 on POST /mutate over HTTPS, with /healthz, /readyz and\n"
             "/metrics. Without --tls-cert/--tls-key it generates a local CA and a certificate\n"
             "for localhost (the embedded default) and prints where the CA is.\n\n"
+            "Configuration: flags > METAGPU_WEBHOOK_* env vars > --config file > defaults."
+        ),
+    ),
+    Command(
+        name="quota-mirror",
+        help="keep a ResourceQuota in metagpu units beside every GPU quota (leader-elected)",
+        add_arguments=_quota_mirror_arguments,
+        run=run_quota_mirror,
+        description=(
+            "For every ResourceQuota that limits nvidia.com/gpu, keep a companion quota in the\n"
+            "same namespace limiting the metagpu resource in units (GPUs x units_per_gpu),\n"
+            "owned by the source. Replicas elect a leader on a coordination.k8s.io Lease; only\n"
+            "the leader writes. The webhook runs the same mirror in a cluster unless\n"
+            "quota_mirror.enabled is false; this command runs it on its own.\n"
+            "See docs/quotas.md.\n\n"
             "Configuration: flags > METAGPU_WEBHOOK_* env vars > --config file > defaults."
         ),
     ),

@@ -28,6 +28,7 @@ from plugin.api.resources import (
     MAX_UNITS_PER_GPU,
     NVIDIA_GPU_RESOURCE,
     ResourceName,
+    is_dns_label,
     is_dns_subdomain,
 )
 from plugin.api.settings import StrictModel
@@ -157,6 +158,62 @@ class KubernetesConfig(StrictModel):
     so a slow or forbidden list never keeps the webhook out of its Service."""
 
 
+class QuotaMirrorConfig(StrictModel):
+    """The quota mirror: a companion ResourceQuota in units for every GPU quota (docs/quotas.md)."""
+
+    enabled: Literal["auto"] | bool = "auto"
+    """``auto``: run it when the webhook runs in a cluster (``KUBERNETES_SERVICE_HOST``)
+    and reads the API (``kubernetes.enabled`` is not ``false``). ``true``: run it
+    (start-up fails without a cluster). ``false``: never; GPU quotas then do not count
+    converted pods, and the webhook warns about that at admission."""
+    lease_name: str = "metagpu-quota-mirror"
+    """The ``coordination.k8s.io/v1`` Lease the replicas elect a leader with; only
+    the leader writes quotas. The chart names it after the release."""
+    lease_namespace: str | None = None
+    """Where the Lease lives; empty: the pod's own namespace (from its service account)."""
+    identity: str | None = None
+    """This replica's name in the Lease; empty: ``<hostname>_<uuid>``, unique per start."""
+    lease_duration_s: int = Field(default=15, ge=1, le=3600)
+    """How long a silent leader's Lease stays valid for the others (client-go's default).
+    The Lease stores whole seconds. A crashed leader is replaced after at most this long;
+    a cleanly stopped one releases the Lease and is replaced within ``retry_period_s``."""
+    renew_deadline_s: float = Field(default=10, gt=0, le=3600)
+    """A leader that could not renew for this long stops writing (client-go's default);
+    below ``lease_duration_s`` so it has stopped before anyone else may start."""
+    retry_period_s: float = Field(default=2, gt=0, le=600)
+    """Between attempts to take or renew the Lease (client-go's default)."""
+
+    @field_validator("lease_name")
+    @classmethod
+    def _valid_lease_name(cls, value: str) -> str:
+        if not is_dns_subdomain(value):
+            raise ValueError(f"lease_name must be a DNS subdomain name: {value!r}")
+        return value
+
+    @field_validator("lease_namespace")
+    @classmethod
+    def _valid_lease_namespace(cls, value: str | None) -> str | None:
+        if value is not None and not is_dns_label(value):
+            raise ValueError(f"lease_namespace must be a namespace name (a DNS label): {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _timings_like_client_go(self) -> Self:
+        # client-go's NewLeaderElector refuses the same: a leader must give up before
+        # its Lease can be taken, and must get more than one try before giving up.
+        if not self.lease_duration_s > self.renew_deadline_s:
+            raise ValueError(
+                f"quota_mirror.lease_duration_s ({self.lease_duration_s}) must be greater "
+                f"than renew_deadline_s ({self.renew_deadline_s})"
+            )
+        if not self.renew_deadline_s > 1.2 * self.retry_period_s:
+            raise ValueError(
+                f"quota_mirror.renew_deadline_s ({self.renew_deadline_s}) must be greater "
+                f"than 1.2 × retry_period_s ({self.retry_period_s})"
+            )
+        return self
+
+
 class WebhookConfig(StrictModel):
     """Everything ``metagpu webhook`` and ``metagpu mutate`` can be told."""
 
@@ -222,6 +279,8 @@ class WebhookConfig(StrictModel):
     does not expose every GPU to a sidecar."""
 
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+
+    quota_mirror: QuotaMirrorConfig = Field(default_factory=QuotaMirrorConfig)
 
     max_body_bytes: int = Field(default=4 * MIB, ge=64 * 1024, le=64 * MIB)
     """Largest AdmissionReview accepted; larger bodies get a 400. The API server's

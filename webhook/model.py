@@ -56,6 +56,9 @@ class NamespaceFacts:
     """The Namespace's ``metagpu.io/inject`` label, if any."""
     warnings: tuple[str, ...] = ()
     """Why the facts may be incomplete (lookup failed): passed on to the response."""
+    unit_warnings: tuple[str, ...] = ()
+    """Said only when the admitted object asks for metagpu units (the namespace's GPU
+    quotas do not count them); :func:`webhook.admission.admit` adds them."""
 
 
 NO_NAMESPACE_FACTS: Final = NamespaceFacts()

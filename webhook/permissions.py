@@ -1,10 +1,18 @@
 """Kubernetes API permissions ``metagpu webhook`` needs (light: stdlib + plugin.api only).
 
-The webhook reads Namespaces, for the ``metagpu.io/compute-policy``
-annotation and the ``metagpu.io/inject`` label: list and watch keep a cache,
-get answers a cache miss. It writes nothing. ``tests/webhook/test_namespaces.py``
-asserts that the verbs it sends to the fake API are exactly these, and the
-install tests that the chart's ClusterRole grants exactly these.
+* The namespace cache reads Namespaces, for the ``metagpu.io/compute-policy``
+  annotation and the ``metagpu.io/inject`` label: list and watch keep a cache,
+  get answers a cache miss.
+* The quota cache lists and watches ResourceQuotas in every namespace, for
+  the admission warning when a GPU quota does not count metagpu units.
+* The quota mirror (when on) creates, repairs and deletes companion
+  ResourceQuotas in any namespace, and takes and renews one Lease in its own
+  namespace (``create`` cannot be limited to a name in RBAC; ``get`` and
+  ``update`` are).
+
+``tests/webhook/test_namespaces.py`` and ``tests/webhook/quotas/`` assert that
+the verbs each part sends to the fake API are exactly these, and the install
+tests that the chart grants exactly :func:`permissions_for` its values.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from typing import Final
 
 from plugin.api.permissions import Permission
 
-PERMISSIONS: Final[tuple[Permission, ...]] = (
+NAMESPACE_PERMISSIONS: Final[tuple[Permission, ...]] = (
     Permission(
         group="",
         resource="namespaces",
@@ -23,3 +31,50 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
         "of the namespace a pod is created in (watch-backed cache, GET on a miss)",
     ),
 )
+
+QUOTA_CACHE_PERMISSIONS: Final[tuple[Permission, ...]] = (
+    Permission(
+        group="",
+        resource="resourcequotas",
+        verbs=frozenset({"list", "watch"}),
+        namespaced=False,
+        why="warn at admission when a namespace's GPU quota does not count metagpu units "
+        "(watch-backed cache; the quota mirror reads the same way)",
+    ),
+)
+
+PERMISSIONS: Final = NAMESPACE_PERMISSIONS + QUOTA_CACHE_PERMISSIONS
+"""The webhook with the quota mirror off."""
+
+LEASE_GROUP: Final = "coordination.k8s.io"
+
+
+def quota_mirror_permissions(lease_name: str) -> tuple[Permission, ...]:
+    """What the quota mirror adds: companion writes anywhere, and its one Lease."""
+    return (
+        Permission(
+            group="",
+            resource="resourcequotas",
+            verbs=frozenset({"create", "update", "delete"}),
+            namespaced=False,
+            why="keep a companion ResourceQuota in metagpu units beside every GPU quota",
+        ),
+        Permission(
+            group=LEASE_GROUP,
+            resource="leases",
+            verbs=frozenset({"create"}),
+            why="create the quota mirror's leader-election Lease the first time",
+        ),
+        Permission(
+            group=LEASE_GROUP,
+            resource="leases",
+            verbs=frozenset({"get", "update"}),
+            resource_names=frozenset({lease_name}),
+            why="take and renew the quota mirror's leader-election Lease",
+        ),
+    )
+
+
+def permissions_for(*, quota_mirror: bool, lease_name: str) -> tuple[Permission, ...]:
+    """Everything the webhook process needs with the mirror on or off."""
+    return PERMISSIONS + (quota_mirror_permissions(lease_name) if quota_mirror else ())

@@ -41,6 +41,7 @@ import functools
 import gc
 import json
 import logging
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -58,7 +59,8 @@ from webhook.config import WebhookConfig
 from webhook.embedded import ensure_local_bundle
 from webhook.metrics import METRICS_CONTENT_TYPE, Outcome, WebhookMetrics
 from webhook.model import NO_NAMESPACE_FACTS, Denial, NamespaceFacts, PodShapeError, RuleSettings
-from webhook.namespaces import NamespaceSource, open_namespace_source
+from webhook.namespaces import NamespaceSource
+from webhook.quotas.service import namespace_source, quota_mirror
 from webhook.review import (
     AdmissionRequest,
     ReviewError,
@@ -101,6 +103,7 @@ def create_app(state: WebhookState) -> web.Application:
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)
     app.cleanup_ctx.append(_namespace_source)
+    app.cleanup_ctx.append(_quota_mirror)
     if state.tls is not None:
         app.cleanup_ctx.append(_certificate_watch)
     return app
@@ -284,11 +287,16 @@ async def _namespace_source(app: web.Application) -> AsyncIterator[None]:
     if state.namespaces is not None:  # injected (tests): its owner manages its lifecycle
         yield
         return
-    source = await open_namespace_source(
-        state.config.kubernetes, metrics=state.metrics, env=state.env
-    )
-    async with source:
+    env = os.environ if state.env is None else state.env
+    async with namespace_source(state.config, metrics=state.metrics, env=env) as source:
         state.namespaces = source
+        yield
+
+
+async def _quota_mirror(app: web.Application) -> AsyncIterator[None]:
+    """The leader-elected quota mirror (docs/quotas.md), when the config wants it."""
+    state = app[STATE_KEY]
+    async with quota_mirror(state.config, env=os.environ if state.env is None else state.env):
         yield
 
 

@@ -55,6 +55,7 @@ helm.sh/chart: {{ include "metagpu.chart" .root }}
 {{- end -}}
 
 {{/* ------------------------------------------------------------ names */}}
+{{- define "metagpu.quotaMirror.leaseName" -}}{{ include "metagpu.fullname" . }}-quota-mirror{{- end -}}
 {{- define "metagpu.webhook.fullname" -}}{{ include "metagpu.fullname" . }}-webhook{{- end -}}
 {{- define "metagpu.plugin.fullname" -}}{{ include "metagpu.fullname" . }}-plugin{{- end -}}
 {{- define "metagpu.agent.fullname" -}}{{ include "metagpu.fullname" . }}-agent{{- end -}}
@@ -270,6 +271,7 @@ come from flags (see the Deployment), so the file holds only policy. */}}
   "deny_privileged" .Values.webhook.denyPrivileged
   "void_non_gpu_containers" .Values.webhook.voidNonGpuContainers
   "kubernetes" (dict "enabled" true "namespace_lookup_timeout_s" .Values.webhook.namespaceLookupTimeoutS)
+  "quota_mirror" (dict "enabled" .Values.quotaMirror.enabled "lease_name" (include "metagpu.quotaMirror.leaseName" .) "lease_namespace" .Release.Namespace)
   "drain_delay_s" .Values.webhook.drainDelayS
 -}}
 {{- if not .Values.runtimeClass.name -}}

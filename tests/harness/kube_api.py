@@ -18,9 +18,17 @@ faithful where our code can notice the difference:
 * errors as ``Status`` objects with the reason and message wording of the real
   API server (NotFound, AlreadyExists, Conflict, Forbidden, Invalid);
 * scripted faults: :meth:`FakeKubeApi.forbid` (RBAC 403s naming the verb and
-  resource) and :meth:`FakeKubeApi.fail_next` (e.g. a one-off 409).
+  resource) and :meth:`FakeKubeApi.fail_next` (e.g. a one-off 409), either
+  for every client or for one ``User-Agent``;
+* delete preconditions (``DeleteOptions.preconditions.uid``: 409 Conflict
+  with the API server's "Precondition failed" wording when the uid differs);
+* the garbage collector's part of ``ownerReferences``: when an object is
+  deleted, every object whose owners are then all gone is deleted too
+  (background propagation, the default), unless ``garbage_collector=False``
+  (to test what a controller deletes itself).
 
-Every request is recorded in :attr:`FakeKubeApi.requests` with its verb, so
+Every request is recorded in :attr:`FakeKubeApi.requests` with its verb, the
+client's ``User-Agent`` and the event-loop time it arrived at, so
 tests can assert "the second run wrote nothing" and the install tests can
 compare the verbs our code uses with what the chart's RBAC grants.
 """
@@ -67,6 +75,8 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "secrets", "Secret", namespaced=True),
     ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True),
     ResourceType("", "v1", "events", "Event", namespaced=True),
+    ResourceType("", "v1", "resourcequotas", "ResourceQuota", namespaced=True),
+    ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
     ResourceType("events.k8s.io", "v1", "events", "Event", namespaced=True),
     ResourceType(
         "admissionregistration.k8s.io",
@@ -94,6 +104,9 @@ class RecordedRequest:
     content_type: str
     body: Any
     status: int
+    user_agent: str = ""
+    at: float = 0.0
+    """``loop.time()`` when the request arrived."""
 
 
 @dataclass
@@ -112,6 +125,8 @@ class _Fault:
     message: str
     name: str | None = None
     remaining: int | None = 1  # None: forever
+    user_agent: str | None = None
+    """Only requests from this ``User-Agent`` (None: every client)."""
 
 
 @dataclass
@@ -121,6 +136,8 @@ class FakeKubeApi:
     resources: tuple[ResourceType, ...] = DEFAULT_RESOURCES
     requests: list[RecordedRequest] = field(default_factory=list)
     user: str = "system:serviceaccount:metagpu:metagpu"
+    garbage_collector: bool = True
+    """Delete dependents whose owners are all gone, as the cluster's garbage collector does."""
 
     def __post_init__(self) -> None:
         self._rv = itertools.count(1000)
@@ -154,6 +171,7 @@ class FakeKubeApi:
         obj = self._store[(rtype.group, rtype.plural)].pop(key)
         obj["metadata"]["resourceVersion"] = str(next(self._rv))
         self._record_event(rtype, "DELETED", obj)
+        self._collect_garbage()
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> Obj | None:
         """The stored object, or None."""
@@ -172,12 +190,31 @@ class FakeKubeApi:
         ]
 
     def forbid(
-        self, verb: str, resource: str, *, name: str | None = None, times: int | None = None
+        self,
+        verb: str,
+        resource: str,
+        *,
+        name: str | None = None,
+        times: int | None = None,
+        user_agent: str | None = None,
     ) -> None:
         """Answer ``verb`` on ``resource`` (plural, e.g. ``secrets``) with 403, like RBAC."""
         self._faults.append(
-            _Fault(verb, resource, 403, "Forbidden", "", name=name, remaining=times)
+            _Fault(
+                verb,
+                resource,
+                403,
+                "Forbidden",
+                "",
+                name=name,
+                remaining=times,
+                user_agent=user_agent,
+            )
         )
+
+    def heal(self) -> None:
+        """Drop every scripted fault."""
+        self._faults.clear()
 
     def fail_next(
         self,
@@ -188,10 +225,14 @@ class FakeKubeApi:
         reason: str = "Conflict",
         message: str = "the object has been modified; please apply your changes to the "
         "latest version and try again",
-        times: int = 1,
+        times: int | None = 1,
+        user_agent: str | None = None,
     ) -> None:
-        """Make the next ``times`` ``verb`` requests on ``resource`` fail with ``status``."""
-        self._faults.append(_Fault(verb, resource, status, reason, message, remaining=times))
+        """Make the next ``times`` ``verb`` requests on ``resource`` fail with ``status``
+        (None: every one, until :meth:`heal`)."""
+        self._faults.append(
+            _Fault(verb, resource, status, reason, message, remaining=times, user_agent=user_agent)
+        )
 
     def compact(self) -> None:
         """Forget watch history, so watches from an old resourceVersion get 410 Gone."""
@@ -250,6 +291,8 @@ class FakeKubeApi:
             except json.JSONDecodeError:
                 return self._status(400, "BadRequest", f"invalid JSON body: {raw[:80]!r}")
         verb = self._verb(request.method, name, query)
+        user_agent = request.headers.get("User-Agent", "")
+        at = asyncio.get_running_loop().time()
         resp = await self._dispatch(
             request, rtype, verb=verb, ns=ns, name=name, sub=sub, query=query, body=body
         )
@@ -267,6 +310,8 @@ class FakeKubeApi:
                 content_type=request.content_type,
                 body=body,
                 status=resp.status,
+                user_agent=user_agent,
+                at=at,
             )
         )
         return resp
@@ -285,7 +330,7 @@ class FakeKubeApi:
     ) -> web.StreamResponse:
         if rtype is None:
             return self._status(404, "NotFound", "the server could not find the requested resource")
-        fault = self._take_fault(verb, rtype.plural, name)
+        fault = self._take_fault(verb, rtype.plural, name, request.headers.get("User-Agent", ""))
         if fault is not None:
             if fault.status == 403:
                 return self._forbidden(verb, rtype, ns, name)
@@ -342,9 +387,20 @@ class FakeKubeApi:
         if verb == "get":
             return web.json_response(copy.deepcopy(current))
         if verb == "delete":
+            wanted_uid = ((body or {}).get("preconditions") or {}).get("uid")
+            if wanted_uid and wanted_uid != current["metadata"].get("uid"):
+                return self._status(
+                    409,
+                    "Conflict",
+                    f"Operation cannot be fulfilled on {rtype.plural}{self._group_suffix(rtype)} "
+                    f'"{name}": Precondition failed: UID in precondition: {wanted_uid}, '
+                    f"UID in object meta: {current['metadata'].get('uid')}",
+                    {"name": name, "group": rtype.group, "kind": rtype.plural},
+                )
             del store[key]
             current["metadata"]["resourceVersion"] = str(next(self._rv))
             self._record_event(rtype, "DELETED", current)
+            self._collect_garbage()
             return web.json_response(copy.deepcopy(current))
         if verb == "update":
             if not isinstance(body, dict):
@@ -511,12 +567,42 @@ class FakeKubeApi:
             return
         loop.create_task(notify())  # noqa: RUF006 - fire and forget wake-up
 
-    def _take_fault(self, verb: str, resource: str, name: str | None) -> _Fault | None:
+    def _collect_garbage(self) -> None:
+        """Delete every object whose ``ownerReferences`` all name objects that are gone.
+
+        The garbage collector's background propagation, done at once: the real one
+        acts moments later, which no caller here can tell apart from at once.
+        """
+        if not self.garbage_collector:
+            return
+        while True:
+            alive = {
+                o["metadata"].get("uid") for store in self._store.values() for o in store.values()
+            }
+            orphans = [
+                (rtype, key)
+                for rtype in self.resources
+                for key, o in self._store[(rtype.group, rtype.plural)].items()
+                if (refs := o["metadata"].get("ownerReferences"))
+                and not any(r.get("uid") in alive for r in refs)
+            ]
+            if not orphans:
+                return
+            for rtype, key in orphans:
+                obj = self._store[(rtype.group, rtype.plural)].pop(key, None)
+                if obj is not None:
+                    obj["metadata"]["resourceVersion"] = str(next(self._rv))
+                    self._record_event(rtype, "DELETED", obj)
+
+    def _take_fault(
+        self, verb: str, resource: str, name: str | None, user_agent: str = ""
+    ) -> _Fault | None:
         for fault in self._faults:
             if (
                 fault.verb == verb
                 and fault.resource == resource
                 and (fault.name is None or fault.name == name)
+                and (fault.user_agent is None or fault.user_agent == user_agent)
             ):
                 if fault.remaining is not None:
                     fault.remaining -= 1

@@ -165,6 +165,12 @@ def test_rendering_is_deterministic() -> None:
             {"agent": {"nodeSelector": {"gpu": True}}}, ["/agent/nodeSelector/gpu"], id="agent-ns"
         ),
         pytest.param({"agent": {"hostPID": False}}, ["/agent", "hostPID"], id="agent-typo"),
+        pytest.param(
+            {"quotaMirror": {"enabled": "yes"}}, ["/quotaMirror/enabled"], id="quota-mirror"
+        ),
+        pytest.param(
+            {"quotaMirror": {"enable": False}}, ["/quotaMirror", "enable"], id="quota-mirror-typo"
+        ),
     ],
 )
 def test_schema_refuses_bad_values_naming_the_value(values: Obj, expected: list[str]) -> None:

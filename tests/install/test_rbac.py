@@ -26,6 +26,7 @@ from tests.install.chart import (
     component,
     find,
     flag,
+    load_rendered_config,
     one,
     render,
     scenario_params,
@@ -119,13 +120,53 @@ def pod_spec(obj: Obj) -> Obj:
     return pod
 
 
-@pytest.mark.parametrize("values", scenario_params())
-def test_webhook_rbac_is_exactly_its_permissions(values: Obj) -> None:
-    from webhook.permissions import PERMISSIONS
+def _webhook_permissions(objects: list[Obj]) -> tuple[Permission, ...]:
+    """What the rendered webhook config asks of the webhook process."""
+    from webhook.config import WebhookConfig
+    from webhook.permissions import permissions_for
 
+    [configmap] = [c for c in find(objects, "ConfigMap") if "webhook.yaml" in c.get("data", {})]
+    name = configmap["metadata"]["name"]
+    config = load_rendered_config(objects, name, "webhook.yaml", WebhookConfig)
+    assert config.quota_mirror.lease_namespace == NAMESPACE
+    return permissions_for(
+        quota_mirror=config.quota_mirror.enabled is not False,
+        lease_name=config.quota_mirror.lease_name,
+    )
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        *scenario_params(),
+        pytest.param({"quotaMirror": {"enabled": False}}, id="quota-mirror-off"),
+        pytest.param({"fullnameOverride": "gpus"}, id="renamed"),
+    ],
+)
+def test_webhook_rbac_is_exactly_its_permissions(values: Obj) -> None:
     objects = render(values)
     service_account = pod_spec(component(objects, "Deployment", "webhook"))["serviceAccountName"]
-    assert_exactly(grants(objects, service_account), PERMISSIONS, who="webhook")
+    assert_exactly(grants(objects, service_account), _webhook_permissions(objects), who="webhook")
+
+
+def test_quota_mirror_rbac_comes_and_goes_with_its_value() -> None:
+    def mirror_grants(values: Obj) -> set[tuple[str, str, str]]:
+        objects = render(values)
+        return {
+            (g.group, g.resource, g.verb)
+            for g in grants(objects, "metagpu-webhook")
+            if g.resource == "leases" or g.verb in ("create", "update", "delete")
+        }
+
+    assert mirror_grants({}) == {
+        ("", "resourcequotas", "create"),
+        ("", "resourcequotas", "update"),
+        ("", "resourcequotas", "delete"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "update"),
+    }
+    assert mirror_grants({"quotaMirror": {"enabled": False}}) == set()
 
 
 @pytest.mark.parametrize("values", scenario_params())
@@ -261,10 +302,10 @@ def test_every_service_account_is_used_and_none_is_shared() -> None:
 
 def test_the_check_catches_an_extra_verb() -> None:
     # Proof that the comparison above can fail.
-    from webhook.permissions import PERMISSIONS
-
     objects = render()
     role = one(objects, "ClusterRole", "metagpu-webhook")
     role["rules"][0]["verbs"].append("delete")
     with pytest.raises(AssertionError, match="more"):
-        assert_exactly(grants(objects, "metagpu-webhook"), PERMISSIONS, who="webhook")
+        assert_exactly(
+            grants(objects, "metagpu-webhook"), _webhook_permissions(objects), who="webhook"
+        )

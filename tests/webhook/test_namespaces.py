@@ -29,7 +29,7 @@ from webhook.namespaces import (
     new_api_client,
     open_namespace_source,
 )
-from webhook.permissions import PERMISSIONS
+from webhook.permissions import NAMESPACE_PERMISSIONS
 from webhook.server import running_webhook
 
 
@@ -122,7 +122,7 @@ async def test_verbs_sent_are_exactly_the_declared_permissions(
     api, _ = kube_api
     await cache.facts("not-there")  # a miss: the GET
     await eventually(lambda: _count(api, "watch") >= 1)
-    assert api.verbs_used() == verb_set(PERMISSIONS)
+    assert api.verbs_used() == verb_set(NAMESPACE_PERMISSIONS)
     assert api.writes() == []
 
 
