@@ -26,10 +26,16 @@ Secret is served without a restart and without touching open connections; a
 ``cleanup_ctx`` task polls the files. Without ``tls.cert_file`` the embedded
 default generates (or reuses) a local CA (:mod:`webhook.embedded`).
 
+Connections (:mod:`webhook.connections`): the listener is ours, not an
+aiohttp site, so each connection has a budget, a deadline for its handshake,
+headers, body and answer, and an idle timeout longer than the API server's.
+
 Shutdown (after SIGTERM, handled once at the top by the CLI): readiness turns
 503, the listener keeps accepting for ``drain_delay_s`` (endpoints take a
-moment to drop the pod), then aiohttp stops accepting, closes idle keep-alive
-connections and waits up to ``shutdown_timeout_s`` for in-flight requests.
+moment to drop the pod), then it stops accepting, closes connections that hold
+no complete request headers, and keeps reading and answering every request
+whose headers had arrived, for at most ``shutdown_timeout_s``; it ends as soon
+as the last is answered.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -51,10 +57,12 @@ from typing import Final
 
 from aiohttp import web
 
-from certs.tls import ReloadingTLS, ServingPair
+from certs.tls import Rejection, ReloadingTLS, ServingPair
 from webhook.admission import Target, admit, classify, namespace_to_look_up
 from webhook.batching import Batcher
+from webhook.clienttext import MAX_MESSAGE_BYTES, trim_text
 from webhook.config import WebhookConfig
+from webhook.connections import Listener, fit_to_fd_limit
 from webhook.embedded import ensure_local_bundle
 from webhook.metrics import METRICS_CONTENT_TYPE, Outcome, WebhookMetrics
 from webhook.model import NO_NAMESPACE_FACTS, Denial, NamespaceFacts, PodShapeError, RuleSettings
@@ -70,6 +78,11 @@ logger = logging.getLogger(__name__)
 
 MUTATE_PATH: Final = "/mutate"
 JSON: Final = "application/json"
+BIG_REVIEW_BYTES: Final = 256 * 1024
+"""Reviews larger than this are judged one at a time, each in a loop turn of its
+own, so small reviews run between them: eight clients posting 4 MB reviews back
+to back once made a small review wait 668 ms (the batcher ran them all in one
+turn). Real pods are a few KiB; the API server's limit is 3 MiB."""
 
 
 @dataclass
@@ -85,6 +98,10 @@ class WebhookState:
     draining: bool = False
     env: Mapping[str, str] | None = None
     """Environment for ``kubernetes.enabled: auto`` detection (``os.environ`` when None)."""
+    listener: Listener | None = None
+    """The connections (set once listening; None for an app served some other way)."""
+    big_reviews: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One review larger than :data:`BIG_REVIEW_BYTES` at a time (see handle_mutate)."""
 
 
 STATE_KEY: Final = web.AppKey("metagpu_webhook_state", WebhookState)
@@ -93,7 +110,9 @@ REVIEWS_KEY: Final = web.AppKey("metagpu_webhook_reviews", Batcher[tuple[bytes, 
 
 def create_app(state: WebhookState) -> web.Application:
     """The aiohttp application: routes, state, and the background tasks' lifecycles."""
-    app = web.Application(client_max_size=state.config.max_body_bytes)
+    app = web.Application(
+        client_max_size=state.config.max_body_bytes, middlewares=[_track_connection]
+    )
     app[STATE_KEY] = state
     app[REVIEWS_KEY] = Batcher(functools.partial(_review, state))
     app.router.add_post(MUTATE_PATH, handle_mutate)
@@ -126,12 +145,27 @@ async def handle_mutate(request: web.Request) -> web.Response:
         )
     if request.content_length is not None and request.content_length > max_bytes:
         return _bad_request(state, started, _too_large(request.content_length, max_bytes))
+    timeout_s = state.config.connections.body_timeout_s
     try:
-        body = await request.read()
+        async with asyncio.timeout(timeout_s):
+            body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         return _bad_request(state, started, _too_large(None, max_bytes))
+    except TimeoutError:
+        response = _bad_request(
+            state, started, f"request body not complete within {timeout_s:g}s", status=408
+        )
+        response.force_close()
+        return response
+    except ConnectionError as exc:  # the client went away mid-body: its business, not ours
+        logger.debug("client disconnected before its body arrived", extra={"error": str(exc)})
+        return web.Response(status=400, text="incomplete request body\n")
 
-    reviewed = await request.app[REVIEWS_KEY].submit((body, started))
+    if len(body) > BIG_REVIEW_BYTES:
+        async with state.big_reviews:
+            reviewed = _review(state, (body, started))
+    else:
+        reviewed = await request.app[REVIEWS_KEY].submit((body, started))
     if isinstance(reviewed, web.Response):
         return reviewed
     review, target = reviewed.review, reviewed.target
@@ -209,7 +243,11 @@ def _answer(
     outcome: Outcome
     if isinstance(decision, Denial):
         outcome = "denied"
-        logger.info("denied: %s", decision.message, extra=_ref(review, reason=decision.reason))
+        logger.info(
+            "denied: %s",
+            trim_text(decision.message, MAX_MESSAGE_BYTES),
+            extra=_ref(review, reason=decision.reason),
+        )
     elif decision.patch:
         outcome = "allowed-mutated"
         if logger.isEnabledFor(logging.DEBUG):
@@ -238,7 +276,16 @@ async def handle_readyz(request: web.Request) -> web.Response:
     }
     if state.tls is not None:
         info = state.tls.current.info
-        report["tls"] = {"serial": f"{info.serial:x}", "not_after": info.not_after.isoformat()}
+        tls: dict[str, object] = {
+            "serial": f"{info.serial:x}",
+            "not_after": info.not_after.isoformat(),
+        }
+        rejection = state.tls.rejection
+        if rejection is not None:  # still serving the pair above: ready, but say it
+            tls["rejected"] = {"reason": rejection.reason, "at": rejection.at.isoformat()}
+        report["tls"] = tls
+    if state.listener is not None:
+        report["connections"] = state.listener.open_connections
     return web.Response(
         text=json.dumps(report) + "\n", status=200 if ready else 503, content_type=JSON
     )
@@ -251,10 +298,36 @@ async def handle_metrics(request: web.Request) -> web.Response:
     )
 
 
-def _bad_request(state: WebhookState, started: float, message: str) -> web.Response:
+def _bad_request(
+    state: WebhookState, started: float, message: str, *, status: int = 400
+) -> web.Response:
+    message = trim_text(message, MAX_MESSAGE_BYTES)
     logger.warning("refused a request that is not a usable AdmissionReview: %s", message)
     state.metrics.observe("error", "invalid", time.perf_counter() - started)
-    return web.Response(status=400, text=message + "\n")
+    return web.Response(status=status, text=message + "\n")
+
+
+@web.middleware
+async def _track_connection(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Tell the connection when its request is being handled and when it is answered.
+
+    What the connection's deadlines and the drain go by (:mod:`webhook.connections`).
+    While draining, every answer closes its connection.
+    """
+    listener = request.app[STATE_KEY].listener
+    conn = listener.connection_of(request.protocol) if listener is not None else None
+    if conn is None:
+        return await handler(request)
+    conn.handling()
+    try:
+        response = await handler(request)
+        if listener is not None and listener.draining:
+            response.force_close()
+        return response
+    finally:
+        conn.answered()
 
 
 def _too_large(length: int | None, limit: int) -> str:
@@ -359,6 +432,7 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
         self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._env = env
         self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
         self._running: RunningWebhook | None = None
 
     async def __aenter__(self) -> RunningWebhook:
@@ -376,7 +450,12 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
             metrics.cert_not_after.set(pair.info.not_after.timestamp())
             metrics.cert_reloads.inc()
 
-        tls = ReloadingTLS(cert_file, key_file, clock=self._clock, on_reload=on_reload)
+        def on_reject(_: Rejection) -> None:
+            metrics.cert_rejections.inc()
+
+        tls = ReloadingTLS(
+            cert_file, key_file, clock=self._clock, on_reload=on_reload, on_reject=on_reject
+        )
         metrics.cert_not_after.set(tls.current.info.not_after.timestamp())
         state = WebhookState(
             config=config,
@@ -387,21 +466,35 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
             env=self._env,
         )
         app = create_app(state)
+        limits = config.connections
         runner = web.AppRunner(
             app,
             handle_signals=False,
             access_log=None,
             shutdown_timeout=config.shutdown_timeout_s,
+            # The listener closes idle connections (idle_timeout_s); aiohttp's own
+            # keep-alive timer is only a backstop behind it.
+            keepalive_timeout=limits.idle_timeout_s * 2,
         )
         await runner.setup()
         self._runner = runner
         try:
-            site = web.TCPSite(runner, config.host, config.port, ssl_context=tls.server_context)
-            await site.start()
+            assert runner.server is not None
+            listener = Listener(
+                runner.server,
+                ssl_context=tls.server_context,
+                limits=limits,
+                max_connections=fit_to_fd_limit(limits.max_connections),
+            )
+            addresses = await listener.start(config.host, config.port)
         except BaseException:
             await asyncio.shield(runner.cleanup())
             raise
-        port = int(runner.addresses[0][1])
+        self._listener = state.listener = listener
+        metrics.watch_connections(
+            lambda: listener.open_connections, listener.stats.refused, listener.stats.closed
+        )
+        port = int(addresses[0][1])
         url = f"https://{_url_host(config.host)}:{port}"
         logger.info(
             "serving AdmissionReview v1",
@@ -418,8 +511,8 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        runner, running = self._runner, self._running
-        self._runner = self._running = None
+        runner, running, listener = self._runner, self._running, self._listener
+        self._runner = self._running = self._listener = None
         if runner is None:
             return
         if running is not None:
@@ -428,11 +521,16 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
             if delay > 0:
                 logger.info("draining: not ready, still serving", extra={"for_s": delay})
                 await asyncio.sleep(delay)
-        logger.info(
-            "stopping: finishing in-flight requests",
-            extra={"timeout_s": self._config.shutdown_timeout_s},
-        )
+        timeout_s = self._config.shutdown_timeout_s
+        logger.info("stopping: answering the requests received", extra={"timeout_s": timeout_s})
+        if listener is not None and not await asyncio.shield(listener.drain(timeout_s)):
+            logger.warning(
+                "requests still unanswered after shutdown_timeout_s; dropping them",
+                extra={"timeout_s": timeout_s, "requests": listener.busy},
+            )
         await asyncio.shield(runner.cleanup())
+        if listener is not None:
+            await asyncio.shield(listener.close())
         logger.info("stopped")
 
 
