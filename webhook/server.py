@@ -58,6 +58,7 @@ from typing import Final
 from aiohttp import web
 
 from certs.tls import Rejection, ReloadingTLS, ServingPair
+from webhook import logguard
 from webhook.admission import Target, admit, classify, namespace_to_look_up
 from webhook.batching import Batcher
 from webhook.clienttext import MAX_MESSAGE_BYTES, trim_text
@@ -65,7 +66,14 @@ from webhook.config import WebhookConfig
 from webhook.connections import Listener, fit_to_fd_limit
 from webhook.embedded import ensure_local_bundle
 from webhook.metrics import METRICS_CONTENT_TYPE, Outcome, WebhookMetrics
-from webhook.model import NO_NAMESPACE_FACTS, Denial, NamespaceFacts, PodShapeError, RuleSettings
+from webhook.model import (
+    NO_NAMESPACE_FACTS,
+    Decision,
+    Denial,
+    NamespaceFacts,
+    PodShapeError,
+    RuleSettings,
+)
 from webhook.namespaces import NamespaceSource, open_namespace_source
 from webhook.review import (
     AdmissionRequest,
@@ -78,11 +86,12 @@ logger = logging.getLogger(__name__)
 
 MUTATE_PATH: Final = "/mutate"
 JSON: Final = "application/json"
+LINGER_S: Final = 2.0
 BIG_REVIEW_BYTES: Final = 256 * 1024
-"""Reviews larger than this are judged one at a time, each in a loop turn of its
-own, so small reviews run between them: eight clients posting 4 MB reviews back
-to back once made a small review wait 668 ms (the batcher ran them all in one
-turn). Real pods are a few KiB; the API server's limit is 3 MiB."""
+"""Reviews larger than this are judged in a worker thread, one at a time
+(:func:`_review_big`): eight clients posting 4 MB reviews back to back once
+made a small review wait 668 ms, each big one a long turn of the event loop.
+Real pods are a few KiB; the API server's limit is 3 MiB."""
 
 
 @dataclass
@@ -162,10 +171,8 @@ async def handle_mutate(request: web.Request) -> web.Response:
         return web.Response(status=400, text="incomplete request body\n")
 
     if len(body) > BIG_REVIEW_BYTES:
-        async with state.big_reviews:
-            reviewed = _review(state, (body, started))
-    else:
-        reviewed = await request.app[REVIEWS_KEY].submit((body, started))
+        return await _review_big(state, body, started)
+    reviewed = await request.app[REVIEWS_KEY].submit((body, started))
     if isinstance(reviewed, web.Response):
         return reviewed
     review, target = reviewed.review, reviewed.target
@@ -233,13 +240,32 @@ def _answer(
     started: float,
 ) -> web.Response:
     """The decision for a checked review, as an HTTP response (200, or 400 for a bad object)."""
+    judged = _judge(state, review, target=target, namespace=namespace)
+    return _respond(state, review, judged, target=target, started=started)
+
+
+Judged = tuple[Decision, bytes] | str
+"""The decision and the answer's bytes, or why the object is not valid."""
+
+
+def _judge(
+    state: WebhookState, review: AdmissionRequest, *, target: Target, namespace: NamespaceFacts
+) -> Judged:
+    """Rules and encoding, without side effects: safe to run off the event loop."""
     try:
         decision = admit(review, settings=state.settings, namespace=namespace, target=target)
     except PodShapeError as exc:
-        kind = review["kind"]["kind"]
-        return _bad_request(state, started, f"request.object is not a valid {kind}: {exc}")
+        return f"request.object is not a valid {review['kind']['kind']}: {exc}"
+    return decision, encode_response(review["uid"], decision)
 
-    body = encode_response(review["uid"], decision)
+
+def _respond(
+    state: WebhookState, review: AdmissionRequest, judged: Judged, *, target: Target, started: float
+) -> web.Response:
+    """Log, count and wrap a judged review (on the event loop: the metrics are not locked)."""
+    if isinstance(judged, str):
+        return _bad_request(state, started, judged)
+    decision, body = judged
     outcome: Outcome
     if isinstance(decision, Denial):
         outcome = "denied"
@@ -258,6 +284,34 @@ def _answer(
         outcome = "allowed-unchanged"
     state.metrics.observe(outcome, target, time.perf_counter() - started)
     return web.Response(body=body, content_type=JSON)
+
+
+async def _review_big(state: WebhookState, body: bytes, started: float) -> web.Response:
+    """A review over :data:`BIG_REVIEW_BYTES`: decoded and judged in a worker thread.
+
+    The thread holds the GIL only in turns (pure Python gives it up every few
+    milliseconds), so the event loop keeps answering small reviews meanwhile;
+    one big review at a time, so they cannot pile up in memory either. Logging,
+    metrics and the namespace cache stay on the loop.
+    """
+    async with state.big_reviews:
+        try:
+            review = await asyncio.to_thread(decode_review, body)
+        except ReviewError as exc:
+            return _bad_request(state, started, str(exc))
+        target: Target = "other"
+        try:
+            target = classify(review)
+            facts = NO_NAMESPACE_FACTS
+            ns_name = namespace_to_look_up(review, target=target)
+            if ns_name is not None and state.namespaces is not None:
+                facts = await state.namespaces.facts(ns_name)
+            judged = await asyncio.to_thread(
+                functools.partial(_judge, state, review, target=target, namespace=facts)
+            )
+            return _respond(state, review, judged, target=target, started=started)
+        except Exception:
+            return _internal_error(state, review, target, started)
 
 
 async def handle_healthz(request: web.Request) -> web.Response:
@@ -475,6 +529,11 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
             # The listener closes idle connections (idle_timeout_s); aiohttp's own
             # keep-alive timer is only a backstop behind it.
             keepalive_timeout=limits.idle_timeout_s * 2,
+            # After an answer sent before its request's body was read (a 400 for a
+            # body too large, a 408), read and drop what still comes for this long
+            # so the client sees the answer, then close: aiohttp's 10 s default
+            # let a client hold the connection for nothing.
+            lingering_time=LINGER_S,
         )
         await runner.setup()
         self._runner = runner
@@ -554,6 +613,7 @@ async def serve(
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    logguard.install()  # a flood of clients must not become a flood of log lines
 
     def on_signal(sig: signal.Signals) -> None:
         if stop.is_set():
