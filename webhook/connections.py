@@ -311,13 +311,18 @@ class Listener:
         limits: ConnectionsConfig,
         max_connections: int | None = None,
     ) -> None:
+        """``max_connections``: fewer than ``limits`` says, when the file limit is lower."""
         self.loop = asyncio.get_running_loop()
         self.ssl_context = ssl_context
         self.limits = limits
-        self.budget = ClientBudget(
-            total=max_connections if max_connections is not None else limits.max_connections,
-            per_client=limits.max_connections_per_client,
-        )
+        total = limits.max_connections
+        per_client = limits.max_connections_per_client
+        if max_connections is not None and max_connections < total:
+            # Fewer in all (the file limit): the same share of them per client, so
+            # one client still cannot take every connection there is.
+            per_client = max(1, per_client * max_connections // total)
+            total = max_connections
+        self.budget = ClientBudget(total=total, per_client=per_client)
         self.stats = ConnectionStats()
         self.draining = False
         self._app_factory = app_factory

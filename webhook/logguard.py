@@ -11,6 +11,11 @@ Installed on the process's log handlers by ``metagpu webhook`` (:func:`install`)
   through says how many were left out. ``accept()`` failing with EMFILE once
   wrote 12,238 tracebacks in 9 s.
 
+* :class:`ClientErrorFilter` (on ``aiohttp.server``): a request aiohttp could
+  not parse is the client's fault, not the webhook's: aiohttp logs it as an
+  ERROR with the exception; it becomes a WARNING with the (trimmed) reason and
+  no traceback, and the rate limit applies to it.
+
 Records below WARNING are never rate-limited: an operator who turns on DEBUG
 asked for every line.
 """
@@ -21,6 +26,8 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Final
+
+from aiohttp.http_exceptions import HttpProcessingError
 
 from plugin.api.logs import record_extras
 from webhook.clienttext import MAX_LOG_CHARS, trim_chars
@@ -98,9 +105,32 @@ class RateLimitFilter(logging.Filter):
         return True
 
 
+class ClientErrorFilter(logging.Filter):
+    """Turn aiohttp's ERROR for a malformed request into a WARNING without traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and record.levelno > logging.WARNING:
+            client = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            # One template for all of them, so the rate limit counts them as one condition.
+            record.msg = "refused a malformed HTTP request from %s: %s"
+            record.args = (client, trim_chars(" ".join(str(exc).split()), MALFORMED_CHARS))
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+CLIENT_ERROR_LOGGER: Final = "aiohttp.server"
+MALFORMED_CHARS: Final = 300
+"""Of aiohttp's reason for refusing a request (which quotes the request)."""
+
+
 def install(handlers: list[logging.Handler] | None = None) -> None:
-    """Put both filters on ``handlers`` (the root logger's by default), once."""
+    """Put the filters on ``handlers`` (the root logger's by default) and aiohttp's logger."""
     for handler in handlers if handlers is not None else logging.getLogger().handlers:
         if not any(isinstance(f, TrimFilter) for f in handler.filters):
             handler.addFilter(TrimFilter())
             handler.addFilter(RateLimitFilter())
+    server_logger = logging.getLogger(CLIENT_ERROR_LOGGER)
+    if not any(isinstance(f, ClientErrorFilter) for f in server_logger.filters):
+        server_logger.addFilter(ClientErrorFilter())

@@ -182,7 +182,7 @@ async def tls_connect(
     hook: Webhook, *, source: str = "127.0.0.1", rcvbuf: int | None = None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A TLS connection to the webhook from ``source``, handshake done."""
-    import socket  # noqa: PLC0415
+    import socket
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if rcvbuf is not None:
