@@ -12,7 +12,8 @@ setting ``SSLObject.context``. So:
   is waited out, never refused;
 * a new pair that cannot work is refused with one logged ERROR naming why, and
   the previous pair keeps serving: unreadable, not PEM, malformed, key
-  mismatch, expired, not valid yet (beyond :data:`CLOCK_SKEW`), or names that
+  mismatch, expired, not valid yet (beyond :data:`certs.issue.CLOCK_SKEW`, the
+  back-dating our own issuer uses: an issuer's clock a little ahead), or names that
   no longer cover every DNS name and IP address the serving pair covers (the
   names clients dial). A new issuer is fine: a CA rotation (cert-manager's)
   changes only the issuer, and clients that trust the new CA need the new pair.
@@ -38,19 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from certs.issue import CertError, CertInfo, inspect_cert, key_matches, utc_now
+from certs.issue import CLOCK_SKEW, CertError, CertInfo, inspect_cert, key_matches, utc_now
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL_S = 0.5
 """Half a second: new files are loaded on the second poll that reads them, so new
 handshakes see a rotated certificate within about a second, well inside 2 s."""
-
-
-CLOCK_SKEW: Final = dt.timedelta(minutes=5)
-"""A new certificate whose notBefore is at most this far ahead is still accepted:
-an issuer's clock a little ahead of ours. Further ahead, clients with a correct
-clock would refuse every handshake, so the reload refuses it."""
 
 
 class TlsError(Exception):
