@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, cast
 
 from webhook.config import ConnectionsConfig
+from webhook.memory import Trimmer
 
 logger = logging.getLogger(__name__)
 
@@ -324,6 +325,7 @@ class Listener:
             total = max_connections
         self.budget = ClientBudget(total=total, per_client=per_client)
         self.stats = ConnectionStats()
+        self.trimmer = Trimmer()
         self.draining = False
         self._app_factory = app_factory
         self._by_app: dict[asyncio.Protocol, TLSConnection] = {}
@@ -357,6 +359,7 @@ class Listener:
     def forget(self, conn: TLSConnection) -> None:
         self._by_app.pop(conn.app, None)
         self.budget.release(conn.client)
+        self.trimmer.soon()  # a flood that ends leaves its memory free, not given back
         if conn.phase in BUSY:
             conn.phase = Phase.IDLE
             self.not_busy()

@@ -87,6 +87,9 @@ logger = logging.getLogger(__name__)
 MUTATE_PATH: Final = "/mutate"
 JSON: Final = "application/json"
 LINGER_S: Final = 2.0
+MAX_BIG_REVIEWS: Final = 4
+"""Big reviews held at once, from their body to their answer: at most 4 x (4 MiB
+body + its answer) pinned by clients that post big reviews and never read."""
 BIG_REVIEW_BYTES: Final = 256 * 1024
 """Reviews larger than this are judged in a worker thread, one at a time
 (:func:`_review_big`): eight clients posting 4 MB reviews back to back once
@@ -110,7 +113,9 @@ class WebhookState:
     listener: Listener | None = None
     """The connections (set once listening; None for an app served some other way)."""
     big_reviews: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """One review larger than :data:`BIG_REVIEW_BYTES` at a time (see handle_mutate)."""
+    """One review larger than :data:`BIG_REVIEW_BYTES` judged at a time (:func:`_review_big`)."""
+    big_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_BIG_REVIEWS))
+    """Big reviews read, judged or being sent at once (:func:`_handle_big`)."""
 
 
 STATE_KEY: Final = web.AppKey("metagpu_webhook_state", WebhookState)
@@ -154,10 +159,32 @@ async def handle_mutate(request: web.Request) -> web.Response:
         )
     if request.content_length is not None and request.content_length > max_bytes:
         return _bad_request(state, started, _too_large(request.content_length, max_bytes))
+    length = request.content_length
+    if length is None or length > BIG_REVIEW_BYTES:
+        return await _handle_big(request, state, started)
+    body = await _read_body(request, state, started)
+    if isinstance(body, web.Response):
+        return body
+    reviewed = await request.app[REVIEWS_KEY].submit((body, started))
+    if isinstance(reviewed, web.Response):
+        return reviewed
+    review, target = reviewed.review, reviewed.target
+    try:
+        facts = await reviewed.source.facts(reviewed.namespace)
+        return _answer(state, review, target=target, namespace=facts, started=started)
+    except Exception:
+        return _internal_error(state, review, target, started)
+
+
+async def _read_body(
+    request: web.Request, state: WebhookState, started: float
+) -> bytes | web.Response:
+    """The whole body within ``body_timeout_s``, or the answer that says why not."""
+    max_bytes = state.config.max_body_bytes
     timeout_s = state.config.connections.body_timeout_s
     try:
         async with asyncio.timeout(timeout_s):
-            body = await request.read()
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         return _bad_request(state, started, _too_large(None, max_bytes))
     except TimeoutError:
@@ -170,17 +197,33 @@ async def handle_mutate(request: web.Request) -> web.Response:
         logger.debug("client disconnected before its body arrived", extra={"error": str(exc)})
         return web.Response(status=400, text="incomplete request body\n")
 
-    if len(body) > BIG_REVIEW_BYTES:
-        return await _review_big(state, body, started)
-    reviewed = await request.app[REVIEWS_KEY].submit((body, started))
-    if isinstance(reviewed, web.Response):
-        return reviewed
-    review, target = reviewed.review, reviewed.target
-    try:
-        facts = await reviewed.source.facts(reviewed.namespace)
-        return _answer(state, review, target=target, namespace=facts, started=started)
-    except Exception:
-        return _internal_error(state, review, target, started)
+
+async def _handle_big(request: web.Request, state: WebhookState, started: float) -> web.Response:
+    """A review over :data:`BIG_REVIEW_BYTES` (or of unknown length), in one of
+    :data:`MAX_BIG_REVIEWS` slots held from reading its body to sending its answer.
+
+    So what big reviews pin is bounded whatever clients do: a client that never
+    reads its answer holds a slot until ``write_timeout_s`` drops it, and waiting
+    reviews are not read meanwhile (their bytes wait in the kernel, not here).
+    Small reviews never wait for a slot.
+    """
+    async with state.big_slots:
+        body = await _read_body(request, state, started)
+        if isinstance(body, web.Response):
+            return body
+        response = await _review_big(state, body, started)
+        listener = state.listener
+        conn = listener.connection_of(request.protocol) if listener is not None else None
+        if conn is not None:
+            conn.answered()  # the write deadline runs from here
+            if listener is not None and listener.draining:
+                response.force_close()
+        try:
+            await response.prepare(request)
+            await response.write_eof()  # returns once the client has taken most of it
+        except ConnectionError:
+            logger.debug("client went away before taking its answer")
+        return response
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +355,9 @@ async def _review_big(state: WebhookState, body: bytes, started: float) -> web.R
             return _respond(state, review, judged, target=target, started=started)
         except Exception:
             return _internal_error(state, review, target, started)
+        finally:
+            if state.listener is not None:
+                state.listener.trimmer.soon()  # its tens of MB, given back
 
 
 async def handle_healthz(request: web.Request) -> web.Response:

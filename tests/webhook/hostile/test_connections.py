@@ -230,8 +230,9 @@ def big_review(containers: int) -> bytes:
 async def test_clients_that_never_read_their_answer_are_dropped(
     tmp_path: Path, bundle: BundlePaths
 ) -> None:
-    """8 clients post a ~3.4 MB review and never read the ~4.7 MB answer: the answers are
-    dropped at the write timeout, and the memory with them."""
+    """8 clients post a ~3.4 MB review and never read the ~4.7 MB answer: at most
+    4 are held at once (the others are not even read), each is dropped at the write
+    timeout, and the memory is given back. 30 such clients once held 650 MB."""
     body = big_review(7000)
     config = {"connections": {"write_timeout_s": 1.0}}
     async with webhook_process(tmp_path, bundle, config=config) as hook:
@@ -249,7 +250,8 @@ async def test_clients_that_never_read_their_answer_are_dropped(
                 return closed == 8
 
             await eventually(all_dropped, timeout_s=60)
-            assert rss_bytes(hook.pid) <= 200 * MIB
+            # ... and the memory is given back (malloc_trim, at most every 10 s)
+            await eventually(lambda: rss_bytes(hook.pid) <= 200 * MIB, timeout_s=30)
             assert len(await _reviews(hook, 3)) == 3
         finally:
             for writer in writers:
