@@ -25,8 +25,8 @@ built here around aiohttp's request handler, which stays unchanged:
 
 What a request goes through is seen at two points: the plain-text bytes (the
 :class:`_Tap` between TLS and aiohttp, which finds the end of the headers)
-and the handler (:meth:`Listener.request_started` and
-:meth:`Listener.request_finished`, called by the server's middleware).
+and the answer (:meth:`TLSConnection.answered`, from the app's
+``on_response_prepare`` signal, which every answer passes, 404s included).
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ largest TLS record carries 16 KiB, so a bigger buffer only costs memory."""
 END_OF_HEADERS: Final = b"\r\n\r\n"
 
 Refusal = Literal["full", "client"]
-CloseReason = Literal["header_timeout", "write_timeout", "idle", "drain"]
+CloseReason = Literal["header_timeout", "unanswered", "write_timeout", "idle", "drain"]
 CLOSE_REASONS: Final[tuple[CloseReason, ...]] = (
     "header_timeout",
+    "unanswered",
     "write_timeout",
     "idle",
     "drain",
@@ -103,12 +104,13 @@ class Phase(enum.Enum):
     HEADERS = "headers"
     """Some bytes of a request, not all its headers: the header deadline runs."""
     REQUEST = "request"
-    """Headers complete, handler not started yet (the next loop turn, usually);
-    the header deadline still runs."""
+    """Headers complete, not answered yet: the handler bounds the body and its own
+    work; a backstop deadline (headers + body timeouts) catches the rest."""
     HANDLING = "handling"
-    """In the handler, which bounds the body and its own work; no deadline here."""
+    """A handler that bounds itself said it will take long (a big review waiting
+    for its slot); no deadline here."""
     WRITING = "writing"
-    """Answer handed over; the client must take it before the write deadline."""
+    """Answer being sent; the client must take it before the write deadline."""
     IDLE = "idle"
     """Keep-alive, waiting for the next request: the idle deadline runs."""
 
@@ -142,6 +144,9 @@ class TLSConnection(SSLProtocol):
         self._tcp: asyncio.Transport | None = None
         self._tls: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._due: float | None = None
+        """When the current phase's deadline passes (loop time), or None."""
         self._tail = b""
         limits = listener.limits
         super().__init__(
@@ -200,20 +205,22 @@ class TLSConnection(SSLProtocol):
                 self.phase = Phase.REQUEST
                 self._tail = b""
                 self.listener.busy += 1
+                # A backstop only: the handler bounds the body (body_timeout_s) and
+                # its own work; this catches a request no handler ever answers.
+                limits = self.listener.limits
+                self._arm(limits.header_timeout_s + limits.body_timeout_s)
             else:
                 self._tail = seen[-3:]
 
     def handling(self) -> None:
-        """The handler has the request (middleware); it bounds the body itself."""
-        if self.phase is not Phase.HANDLING:
-            if self.phase is not Phase.REQUEST:  # headers the scan did not see end (pipelined)
-                self.listener.busy += 1
+        """The handler will take long and bounds itself (a big review waiting for a slot)."""
+        if self.phase is Phase.REQUEST:
             self.phase = Phase.HANDLING
-            self._cancel_timer()
+            self._due = None
 
     def answered(self) -> None:
-        """The handler returned; the answer is being written (middleware)."""
-        if self.phase is Phase.HANDLING:
+        """The answer is about to be written (``on_response_prepare``)."""
+        if self.phase in BUSY:
             self.phase = Phase.WRITING
             self._arm(self.listener.limits.write_timeout_s)
             self.listener.not_busy()
@@ -227,22 +234,47 @@ class TLSConnection(SSLProtocol):
         self._close("drain", graceful=self.phase in (Phase.IDLE, Phase.WRITING))
 
     # ---------------------------------------------------------- timers
+    # One timer per connection, moved lazily: a later deadline leaves the timer where
+    # it is (it fires, sees the deadline moved and sleeps again), so a keep-alive
+    # request costs no timer operations, only an earlier deadline reschedules. A timer
+    # per phase change filled the loop's heap with cancelled timers under load.
     def _arm(self, delay_s: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.listener.loop.call_later(delay_s, self._deadline)
+        loop = self.listener.loop
+        due = loop.time() + delay_s
+        self._due = due
+        timer = self._timer
+        if timer is not None:
+            if self._timer_at <= due:
+                return
+            timer.cancel()
+        self._timer_at = due
+        self._timer = loop.call_at(due, self._wake)
 
     def _cancel_timer(self) -> None:
+        self._due = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    def _deadline(self) -> None:
+    def _wake(self) -> None:
         self._timer = None
+        due = self._due
+        if due is None:
+            return
+        if due > self.listener.loop.time():  # the deadline moved on: sleep until then
+            self._timer_at = due
+            self._timer = self.listener.loop.call_at(due, self._wake)
+            return
+        self._due = None
+        self._deadline()
+
+    def _deadline(self) -> None:
         phase = self.phase
         limits = self.listener.limits
-        if phase in (Phase.NEW, Phase.HEADERS, Phase.REQUEST):
+        if phase in (Phase.NEW, Phase.HEADERS):
             self._close("header_timeout", graceful=False)
+        elif phase is Phase.REQUEST:
+            self._close("unanswered", graceful=False)
         elif phase is Phase.WRITING:
             if self._write_pending():
                 self._close("write_timeout", graceful=False)

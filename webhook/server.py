@@ -49,13 +49,13 @@ import json
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from certs.tls import Rejection, ReloadingTLS, ServingPair
 from webhook import logguard
@@ -124,9 +124,8 @@ REVIEWS_KEY: Final = web.AppKey("metagpu_webhook_reviews", Batcher[tuple[bytes, 
 
 def create_app(state: WebhookState) -> web.Application:
     """The aiohttp application: routes, state, and the background tasks' lifecycles."""
-    app = web.Application(
-        client_max_size=state.config.max_body_bytes, middlewares=[_track_connection]
-    )
+    app = web.Application(client_max_size=state.config.max_body_bytes)
+    app.on_response_prepare.append(_answering)
     app[STATE_KEY] = state
     app[REVIEWS_KEY] = Batcher(functools.partial(_review, state))
     app.router.add_post(MUTATE_PATH, handle_mutate)
@@ -207,18 +206,16 @@ async def _handle_big(request: web.Request, state: WebhookState, started: float)
     reviews are not read meanwhile (their bytes wait in the kernel, not here).
     Small reviews never wait for a slot.
     """
+    listener = state.listener
+    conn = listener.connection_of(request.protocol) if listener is not None else None
+    if conn is not None:
+        conn.handling()  # waiting for a slot may take long; the body timeout still holds
     async with state.big_slots:
         body = await _read_body(request, state, started)
         if isinstance(body, web.Response):
             return body
         response = await _review_big(state, body, started)
-        listener = state.listener
-        conn = listener.connection_of(request.protocol) if listener is not None else None
-        if conn is not None:
-            conn.answered()  # the write deadline runs from here
-            if listener is not None and listener.draining:
-                response.force_close()
-        try:
+        try:  # sent here, in the slot; on_response_prepare starts the write deadline
             await response.prepare(request)
             await response.write_eof()  # returns once the client has taken most of it
         except ConnectionError:
@@ -407,27 +404,23 @@ def _bad_request(
     return web.Response(status=status, text=message + "\n")
 
 
-@web.middleware
-async def _track_connection(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Tell the connection when its request is being handled and when it is answered.
+async def _answering(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: every answer, 404s included, just before its headers go.
 
-    What the connection's deadlines and the drain go by (:mod:`webhook.connections`).
-    While draining, every answer closes its connection.
+    Tells the connection its request is answered, which is what its deadlines and
+    the drain go by (:mod:`webhook.connections`). While draining, every answer
+    closes its connection and says so.
     """
     listener = request.app[STATE_KEY].listener
-    conn = listener.connection_of(request.protocol) if listener is not None else None
+    if listener is None:
+        return
+    conn = listener.connection_of(request.protocol)
     if conn is None:
-        return await handler(request)
-    conn.handling()
-    try:
-        response = await handler(request)
-        if listener is not None and listener.draining:
-            response.force_close()
-        return response
-    finally:
-        conn.answered()
+        return
+    conn.answered()
+    if listener.draining:
+        response.force_close()
+        response.headers[hdrs.CONNECTION] = "close"
 
 
 def _too_large(length: int | None, limit: int) -> str:

@@ -299,3 +299,14 @@ async def test_big_reviews_do_not_starve_small_ones(tmp_path: Path, bundle: Bund
             await asyncio.gather(*bigs, return_exceptions=True)
         assert big_done >= 4
         assert statistics.median(latencies) < 0.100, latencies
+
+
+async def test_a_handshake_that_never_comes_is_dropped(tmp_path: Path, bundle: BundlePaths) -> None:
+    """A TCP connection that never sends its ClientHello: dropped at the handshake timeout."""
+    config = {"connections": {"tls_handshake_timeout_s": 1.0}}
+    async with webhook_process(tmp_path, bundle, config=config) as hook:
+        reader, writer = await asyncio.open_connection("127.0.0.1", hook.port)
+        started = time.monotonic()
+        assert await asyncio.wait_for(closed_by_peer(reader), 10)
+        assert 0.9 < time.monotonic() - started < 3
+        writer.transport.abort()
