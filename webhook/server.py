@@ -156,9 +156,9 @@ async def handle_mutate(request: web.Request) -> web.Response:
         return _bad_request(
             state, started, f"Content-Type must be {JSON} (an AdmissionReview), got {given!r}"
         )
-    if request.content_length is not None and request.content_length > max_bytes:
-        return _bad_request(state, started, _too_large(request.content_length, max_bytes))
     length = request.content_length
+    if length is not None and length > max_bytes:
+        return _bad_request(state, started, _too_large(length, max_bytes))
     if length is None or length > BIG_REVIEW_BYTES:
         return await _handle_big(request, state, started)
     body = await _read_body(request, state, started)
@@ -182,6 +182,8 @@ async def _read_body(
     max_bytes = state.config.max_body_bytes
     timeout_s = state.config.connections.body_timeout_s
     try:
+        if request.content.is_eof():  # all there (the usual case): no timer to set
+            return await request.read()
         async with asyncio.timeout(timeout_s):
             return await request.read()
     except web.HTTPRequestEntityTooLarge:

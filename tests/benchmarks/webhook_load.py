@@ -521,6 +521,18 @@ def coordinate(args: argparse.Namespace) -> int:
             f"p99 {med('mutate', 'p99_ms') / med('baseline', 'p99_ms'):.2f}, server CPU/req "
             f"{med('mutate', 'cpu_us_per_request') / med('baseline', 'cpu_us_per_request'):.2f}"
         )
+        # Each round measures both back to back, so a round's ratio sees the same load
+        # on a shared machine; their median is the figure to trust.
+        paired = [
+            (m.cpu_us_per_request / b.cpu_us_per_request, m.p50_ms / b.p50_ms)
+            for m, b in zip(results["mutate"], results["baseline"], strict=True)
+        ]
+        print(
+            "  mutate/baseline, median of per-round ratios: server CPU/req "
+            f"{statistics.median(c for c, _ in paired):.2f}, p50 "
+            f"{statistics.median(p for _, p in paired):.2f} "
+            f"(rounds: {', '.join(f'{c:.2f}' for c, _ in paired)})"
+        )
     if args.breakdown:
         print("\nwhere /mutate's server CPU goes (each step done through a floor's batcher):")
         previous = med("floor", "cpu_us_per_request")
