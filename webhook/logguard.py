@@ -87,7 +87,9 @@ class RateLimitFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        key = (record.name, record.levelno, str(record.msg)[:200])
+        # The first line of the template: asyncio puts the varying context (which
+        # transport, which protocol object) on the lines below its message.
+        key = (record.name, record.levelno, str(record.msg).split("\n", 1)[0][:200])
         now = self._clock()
         last = self._last.get(key)
         if last is not None and now - last < self.interval_s:

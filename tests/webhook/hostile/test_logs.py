@@ -111,6 +111,9 @@ def test_rate_limit_lets_one_line_per_condition_per_interval_through() -> None:
     ]
     assert passed.count(True) == 1
     assert limiter.filter(_record("another condition"))  # its own budget
+    # asyncio's lines: the message, then context that differs every time
+    assert limiter.filter(_record("SSL handshake failed\nprotocol: <object at 0x1>"))
+    assert not limiter.filter(_record("SSL handshake failed\nprotocol: <object at 0x2>"))
     assert limiter.filter(_record("debug is never limited", level=logging.DEBUG))
     now[0] = 10.0
     record = _record("socket.accept() out of system resource")
