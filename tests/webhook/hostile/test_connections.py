@@ -259,16 +259,21 @@ async def test_clients_that_never_read_their_answer_are_dropped(
 
 
 async def test_big_reviews_do_not_starve_small_ones(tmp_path: Path, bundle: BundlePaths) -> None:
-    """Four clients post ~1 MB reviews back to back; small reviews keep a short latency."""
+    """Four clients post ~1 MB reviews back to back; a small review does not wait for them.
+
+    Judged against the big reviews' own latency in the same run, so it holds however
+    loaded the machine is: before, a small review queued behind every big one in its
+    loop turn (668 ms against 2 ms alone); now it is answered between their turns.
+    """
     body = big_review(2000)
     async with webhook_process(tmp_path, bundle) as hook:
         stop = asyncio.Event()
-        big_done = 0
+        big_latencies: list[float] = []
 
         async def big_client() -> None:
-            nonlocal big_done
             async with aiohttp.ClientSession() as session:
                 while not stop.is_set():
+                    started = time.perf_counter()
                     async with session.post(
                         hook.url + "/mutate",
                         data=body,
@@ -277,11 +282,11 @@ async def test_big_reviews_do_not_starve_small_ones(tmp_path: Path, bundle: Bund
                     ) as r:
                         assert r.status == 200
                         await r.read()
-                    big_done += 1
+                    big_latencies.append(time.perf_counter() - started)
 
         bigs = [asyncio.create_task(big_client()) for _ in range(4)]
         try:
-            await eventually(lambda: big_done >= 2, timeout_s=30)
+            await eventually(lambda: len(big_latencies) >= 2, timeout_s=60)
             latencies = []
             async with aiohttp.ClientSession() as session:
                 for _ in range(30):
@@ -297,8 +302,9 @@ async def test_big_reviews_do_not_starve_small_ones(tmp_path: Path, bundle: Bund
         finally:
             stop.set()
             await asyncio.gather(*bigs, return_exceptions=True)
-        assert big_done >= 4
-        assert statistics.median(latencies) < 0.100, latencies
+        small, big = statistics.median(latencies), statistics.median(big_latencies)
+        assert len(big_latencies) >= 4
+        assert small < big / 3, f"small reviews {small * 1000:.0f} ms, big ones {big * 1000:.0f} ms"
 
 
 async def test_a_handshake_that_never_comes_is_dropped(tmp_path: Path, bundle: BundlePaths) -> None:
