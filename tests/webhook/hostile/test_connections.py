@@ -91,6 +91,7 @@ async def _open_idle(
     return held, refused
 
 
+@pytest.mark.slow
 async def test_1500_idle_connections_from_one_client_cost_little_and_starve_no_one(
     tmp_path: Path, bundle: BundlePaths
 ) -> None:
@@ -227,6 +228,7 @@ def big_review(containers: int) -> bytes:
     return json.dumps(review).encode()
 
 
+@pytest.mark.slow
 async def test_clients_that_never_read_their_answer_are_dropped(
     tmp_path: Path, bundle: BundlePaths
 ) -> None:
@@ -258,6 +260,7 @@ async def test_clients_that_never_read_their_answer_are_dropped(
                 writer.transport.abort()
 
 
+@pytest.mark.slow
 async def test_big_reviews_do_not_starve_small_ones(tmp_path: Path, bundle: BundlePaths) -> None:
     """Four clients post ~1 MB reviews back to back; a small review does not wait for them.
 
