@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from certs.files import BundlePaths
 from tests.webhook.hostile.process import (
