@@ -10,8 +10,15 @@ setting ``SSLObject.context``. So:
 * new file contents are acted on once two consecutive polls read the same
   bytes, so a rotation caught half-way (a new key next to the old certificate)
   is waited out, never refused;
-* a broken new pair (unreadable, key mismatch, expired, not PEM, malformed) is
-  refused with a logged error and the previous pair keeps serving.
+* a new pair that cannot work is refused with one logged ERROR naming why, and
+  the previous pair keeps serving: unreadable, not PEM, malformed, key
+  mismatch, expired, not valid yet (beyond :data:`certs.issue.CLOCK_SKEW`, the
+  back-dating our own issuer uses: an issuer's clock a little ahead), or names that
+  no longer cover every DNS name and IP address the serving pair covers (the
+  names clients dial). A new issuer is fine: a CA rotation (cert-manager's)
+  changes only the issuer, and clients that trust the new CA need the new pair.
+  The refusal stays visible (:attr:`ReloadingTLS.rejection`, for ``/readyz`` and
+  a metric) until a good pair replaces it.
 
 Why poll instead of inotify: a mounted Secret changes by an atomic swap of the
 ``..data`` symlink, which many watchers miss, and kopf polls for the same
@@ -32,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from certs.issue import CertError, CertInfo, inspect_cert, key_matches, utc_now
+from certs.issue import CLOCK_SKEW, CertError, CertInfo, inspect_cert, key_matches, utc_now
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +57,14 @@ class TlsFilesChangedError(TlsError):
 
     The reloader waits for them to settle instead of refusing them.
     """
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why the newest files were refused, and when (see :attr:`ReloadingTLS.rejection`)."""
+
+    reason: str
+    at: dt.datetime
 
 
 @dataclass(frozen=True)
@@ -130,6 +145,28 @@ def _load_pair(
     return ServingPair(context=ctx, info=info, digest=before)
 
 
+def _replacement_problem(old: CertInfo, new: CertInfo, *, now: dt.datetime) -> str | None:
+    """Why ``new`` must not replace a serving ``old``, or None when it may.
+
+    Only for reloads: at start-up there is nothing better to serve, so a pair
+    that is not valid yet is served with a warning (:func:`_load_pair`).
+    """
+    if new.not_before - CLOCK_SKEW > now:
+        return (
+            f"is not valid until {new.not_before.isoformat()} (more than "
+            f"{CLOCK_SKEW.total_seconds():g}s ahead of this clock); clients would refuse it"
+        )
+    lost_dns = sorted(set(old.dns_names) - set(new.dns_names))
+    lost_ips = sorted(set(old.ip_addresses) - set(new.ip_addresses))
+    if lost_dns or lost_ips:
+        return (
+            f"does not cover {', '.join([*lost_dns, *lost_ips])}, which the serving "
+            f"certificate covers (new names: {', '.join([*new.dns_names, *new.ip_addresses])}); "
+            "clients that dial those names would refuse it"
+        )
+    return None
+
+
 def _digest_or_none(cert_file: Path, key_file: Path) -> str | None:
     try:
         return files_digest(cert_file, key_file)
@@ -155,11 +192,14 @@ class ReloadingTLS:
         *,
         clock: Callable[[], dt.datetime] = utc_now,
         on_reload: Callable[[ServingPair], None] | None = None,
+        on_reject: Callable[[Rejection], None] | None = None,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self._clock = clock
         self._on_reload = on_reload
+        self._on_reject = on_reject
+        self._rejection: Rejection | None = None
         self._current = load_serving_pair(cert_file, key_file, now=clock())
         self._rejected_digest: str | None = None
         self._pending_digest: str | None = None
@@ -180,6 +220,11 @@ class ReloadingTLS:
     def current(self) -> ServingPair:
         """The pair new handshakes get now."""
         return self._current
+
+    @property
+    def rejection(self) -> Rejection | None:
+        """Why the newest files are not served, or None when they are (or are unchanged)."""
+        return self._rejection
 
     def reload_if_changed(self) -> bool:
         """Poll once; True when a new pair now serves.
@@ -211,9 +256,14 @@ class ReloadingTLS:
         except TlsError as exc:
             self._reject(str(exc), digest)
             return False
+        problem = _replacement_problem(self._current.info, pair.info, now=self._clock())
+        if problem is not None:
+            self._reject(f"certificate {self.cert_file} {problem}", digest)
+            return False
         old = self._current
         self._current = pair
         self._rejected_digest = self._pending_digest = None
+        self._rejection = None
         logger.info(
             "TLS certificate reloaded; new connections get the new certificate",
             extra={
@@ -262,6 +312,9 @@ class ReloadingTLS:
         if digest == self._rejected_digest:
             return
         self._rejected_digest = digest
+        self._rejection = Rejection(reason=reason, at=self._clock())
+        if self._on_reject is not None:
+            self._on_reject(self._rejection)
         logger.error(
             "refusing new TLS certificate files; still serving the previous certificate: %s",
             reason,

@@ -56,6 +56,24 @@ def curl_command(mutate_url: str, ca_file: Path, example: Path = EXAMPLE_REVIEW)
 
 
 # ------------------------------------------------------------------ webhook
+CONNECTION_FLAGS: Final[tuple[tuple[str, type, str], ...]] = (
+    ("max-connections", int, "open connections in all (1024)"),
+    ("max-connections-per-client", int, "open connections from one address (256)"),
+    ("tls-handshake-timeout", float, "seconds a TLS handshake may take (10)"),
+    ("header-timeout", float, "seconds for a request's headers (10)"),
+    ("body-timeout", float, "seconds for a request's body after its headers (30)"),
+    ("write-timeout", float, "seconds a client may take to read its answer (30)"),
+    ("idle-timeout", float, "seconds an idle keep-alive connection stays open (120)"),
+)
+"""``--FLAG`` for each ``connections.*`` setting (``--header-timeout`` sets
+``connections.header_timeout_s``)."""
+
+
+def _connection_setting(flag: str) -> str:
+    name = flag.replace("-", "_")
+    return f"connections.{name}" + ("_s" if name.endswith("timeout") else "")
+
+
 def _webhook_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_file_argument(
         parser, env_var=ENV_CONFIG_FILE, what="YAML config file; see docs/webhook.md"
@@ -86,6 +104,13 @@ def _webhook_arguments(parser: argparse.ArgumentParser) -> None:
         choices=COMPUTE_POLICIES,
         help="policy when none is set (balance)",
     )
+    conns = parser.add_argument_group(
+        "connections", "what one client may hold, and how long each stage may take"
+    )
+    for flag, kind, what in CONNECTION_FLAGS:
+        conns.add_argument(
+            f"--{flag}", type=kind, metavar="N" if kind is int else "SECONDS", help=what
+        )
     kube = parser.add_argument_group("Kubernetes")
     kube.add_argument(
         "--kubernetes",
@@ -135,6 +160,8 @@ def load_webhook_config(args: argparse.Namespace) -> WebhookConfig:
         "quota_mirror.lease_namespace": getattr(args, "lease_namespace", None),
         "quota_mirror.identity": getattr(args, "identity", None),
     }
+    for flag, _, _ in CONNECTION_FLAGS:
+        flags[_connection_setting(flag)] = getattr(args, flag.replace("-", "_"), None)
     return load_config(
         WebhookConfig, file=args.config, env=os.environ, env_prefix=ENV_PREFIX, flags=flags
     )

@@ -214,6 +214,57 @@ class QuotaMirrorConfig(StrictModel):
         return self
 
 
+API_SERVER_IDLE_CONN_TIMEOUT_S: Final = 90
+"""How long the kube-apiserver keeps an idle connection to a webhook open: its
+webhook client's transport gets ``IdleConnTimeout`` from
+``k8s.io/apimachinery/pkg/util/net.SetOldTransportDefaults``, which copies Go's
+``http.DefaultTransport`` (90 s). The webhook must keep idle connections longer,
+or it closes one the API server is about to reuse and that review fails."""
+
+
+class ConnectionsConfig(StrictModel):
+    """What one client may hold and how long each stage of a connection may take.
+
+    The webhook runs with ``failurePolicy: Fail`` behind a Service every pod can
+    reach, so these bound what a client that never sends, sends slowly, or never
+    reads can cost (``docs/webhook.md``, "What the webhook withstands").
+    """
+
+    max_connections: int = Field(default=1024, ge=16, le=65536)
+    """Open connections in all; more are accepted and closed at once. Lowered at
+    start-up (with a warning) to what the file-descriptor limit allows."""
+    max_connections_per_client: int = Field(default=256, ge=1, le=65536)
+    """Open connections from one client address, so one client (one pod) cannot
+    take the API server's share. The API server keeps at most 25 idle connections
+    per webhook host (client-go's transport) and opens more only for concurrent
+    reviews."""
+    tls_handshake_timeout_s: float = Field(default=10, gt=0, le=120)
+    """A TLS handshake not done by then is dropped (the API server's own is 10 s)."""
+    header_timeout_s: float = Field(default=10, gt=0, le=120)
+    """A request's headers must be complete this long after its first byte (or,
+    on a new connection, after the handshake); else the connection is dropped."""
+    body_timeout_s: float = Field(default=30, gt=0, le=300)
+    """A request's body must be complete this long after its headers; else 408 and
+    the connection closes. 30 s is the longest ``timeoutSeconds`` a webhook can have."""
+    write_timeout_s: float = Field(default=30, gt=0, le=300)
+    """An answer the client has not taken this long after it was ready drops the
+    connection, so a client that never reads cannot pin the answer's memory."""
+    idle_timeout_s: float = Field(default=120, gt=0, le=3600)
+    """An idle keep-alive connection is closed after this long. Keep it above the
+    API server's own idle timeout (90 s, :data:`API_SERVER_IDLE_CONN_TIMEOUT_S`):
+    the side that closes first must be the API server, or it may send a review
+    on a connection the webhook is closing and that review fails."""
+
+    @model_validator(mode="after")
+    def _share_fits(self) -> Self:
+        if self.max_connections_per_client > self.max_connections:
+            raise ValueError(
+                f"max_connections_per_client ({self.max_connections_per_client}) is more "
+                f"than max_connections ({self.max_connections})"
+            )
+        return self
+
+
 class WebhookConfig(StrictModel):
     """Everything ``metagpu webhook`` and ``metagpu mutate`` can be told."""
 
@@ -290,6 +341,8 @@ class WebhookConfig(StrictModel):
     """How long SIGTERM waits for in-flight requests. Keep ``drain_delay_s +
     shutdown_timeout_s`` below the pod's ``terminationGracePeriodSeconds`` (30 s
     by default)."""
+
+    connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
 
     drain_delay_s: float = Field(default=0, ge=0, le=120)
     """After SIGTERM, keep serving (with ``/readyz`` failing) this long before

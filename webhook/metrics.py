@@ -20,12 +20,17 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Final, Literal
 
 import prometheus_client.metrics
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -94,9 +99,24 @@ class WebhookMetrics:
             "Times a rotated certificate was picked up without a restart.",
             registry=self.registry,
         )
+        self.cert_rejections = Counter(
+            "metagpu_webhook_tls_cert_rejections",
+            "Rotated certificate files refused (the previous certificate kept serving); "
+            "/readyz says why.",
+            registry=self.registry,
+        )
         # Bound once: the hot path below is two dict lookups and three additions.
         self.observe = self.stats.observe
         self.namespace_lookup = self.stats.namespace_lookup
+
+    def watch_connections(
+        self,
+        open_connections: Callable[[], int],
+        refused: Mapping[str, int],
+        closed: Mapping[str, int],
+    ) -> None:
+        """Export the listener's connection figures (live mappings, read when scraped)."""
+        self.registry.register(_ConnectionFigures(open_connections, refused, closed))
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes."""
@@ -150,6 +170,42 @@ class ReviewStats(Collector):
         for result, count in self.lookups.items():
             lookups.add_metric((result,), count, created=created)
         yield lookups
+
+
+class _ConnectionFigures(Collector):
+    """Open connections, and those refused or closed by the listener, by why."""
+
+    def __init__(
+        self,
+        open_connections: Callable[[], int],
+        refused: Mapping[str, int],
+        closed: Mapping[str, int],
+    ) -> None:
+        self._open = open_connections
+        self._refused = refused
+        self._closed = closed
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "metagpu_webhook_connections_open", "Client connections open now.", value=self._open()
+        )
+        refused = CounterMetricFamily(
+            "metagpu_webhook_connections_refused",
+            "Connections closed on accept: over max_connections (full) or over "
+            "max_connections_per_client (client).",
+            labels=("why",),
+        )
+        for why, count in self._refused.items():
+            refused.add_metric((why,), count)
+        yield refused
+        closed = CounterMetricFamily(
+            "metagpu_webhook_connections_closed",
+            "Connections the webhook closed, by which deadline (or drain) closed them.",
+            labels=("why",),
+        )
+        for why, count in self._closed.items():
+            closed.add_metric((why,), count)
+        yield closed
 
 
 _BUCKET_LABELS: Final = (*(repr(float(b)) for b in LATENCY_BUCKETS_S), "+Inf")

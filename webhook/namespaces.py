@@ -40,7 +40,7 @@ import aiohttp
 from kubernetes_asyncio import client as k8s_client
 
 from certs.kube import KubeCredentialsError, load_credentials, status_fields
-from plugin.api.resources import ANNOTATION_COMPUTE_POLICY, LABEL_INJECT
+from plugin.api.resources import ANNOTATION_COMPUTE_POLICY, LABEL_INJECT, is_dns_label
 from webhook.config import KubernetesConfig
 from webhook.metrics import WebhookMetrics
 from webhook.model import NO_NAMESPACE_FACTS, NamespaceFacts
@@ -48,6 +48,9 @@ from webhook.model import NO_NAMESPACE_FACTS, NamespaceFacts
 logger = logging.getLogger(__name__)
 
 FAILURE_RETRY_S: Final = 5.0
+MAX_FAILED_NAMES: Final = 1024
+"""Bound on the names remembered as "lookup failed moments ago": the names come
+from reviews, so without one a client could grow the set without end."""
 """After a failed GET, the same namespace answers from defaults for this long."""
 
 WATCH_TIMEOUT_S: Final = 300
@@ -109,6 +112,17 @@ class StaticNamespaces:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+def invalid_namespace_facts(name: str) -> NamespaceFacts:
+    """The defaults, with a warning, for a review whose namespace is not a DNS label."""
+    shown = name if len(name) <= 80 else f"{name[:80]}... ({len(name)} characters)"
+    return NamespaceFacts(
+        warnings=(
+            f"namespace {shown!r} is not a valid namespace name (a DNS label: at most 63 "
+            "lower-case letters, digits or '-'); the webhook defaults were applied",
+        )
+    )
 
 
 def facts_of(namespace: Mapping[str, Any]) -> NamespaceFacts:
@@ -219,7 +233,11 @@ class NamespaceCache:
 
     # --------------------------------------------------------------- lookup
     def cached(self, name: str) -> NamespaceFacts | None:
-        """Cache hits, and names whose last GET failed moments ago (no new GET yet)."""
+        """Cache hits, and names whose last GET failed moments ago (no new GET yet).
+
+        A name that is not a DNS label names no namespace: it is answered with the
+        defaults at once, never looked up, remembered or logged in full.
+        """
         cached = self._cache.get(name)
         if cached is not None:
             self._count("cache")
@@ -230,6 +248,9 @@ class NamespaceCache:
         if self._failed_until.get(name, 0.0) > asyncio.get_running_loop().time():
             self._count("error")
             return self._failure(name, "the last lookup failed moments ago")
+        if not is_dns_label(name):
+            self._count("error")
+            return invalid_namespace_facts(name)
         return None
 
     async def facts(self, name: str) -> NamespaceFacts:
@@ -300,7 +321,14 @@ class NamespaceCache:
             "namespace lookup failed; using the webhook defaults for it",
             extra={"namespace": name, "reason": why},
         )
-        self._failed_until[name] = asyncio.get_running_loop().time() + FAILURE_RETRY_S
+        now = asyncio.get_running_loop().time()
+        failed = self._failed_until
+        if len(failed) >= MAX_FAILED_NAMES:
+            for old in [n for n, until in failed.items() if until <= now]:
+                del failed[old]
+            while len(failed) >= MAX_FAILED_NAMES:  # all still fresh: drop the oldest
+                del failed[next(iter(failed))]
+        failed[name] = now + FAILURE_RETRY_S
         self._count("error")
         return self._failure(name, why)
 

@@ -41,6 +41,7 @@ from typing import Any, Final, Literal, NotRequired, TypedDict, cast
 
 import orjson
 
+from webhook.clienttext import MAX_MESSAGE_BYTES, trim_text
 from webhook.rules import Decision, Denial, PatchOperation
 
 API_VERSION: Final = "admission.k8s.io/v1"
@@ -263,7 +264,7 @@ def build_response(uid: str, decision: Decision) -> AdmissionReview:
         response["status"] = {
             "code": decision.code,
             "reason": decision.reason,
-            "message": decision.message,
+            "message": trim_text(decision.message, MAX_MESSAGE_BYTES),
         }
     elif decision.patch:
         response["patchType"] = "JSONPatch"
@@ -304,7 +305,13 @@ def encode_response(uid: str, decision: Decision) -> bytes:
     if isinstance(decision, Denial):
         parts.append(b',"allowed":false,"status":')
         parts.append(
-            _dumps({"code": decision.code, "reason": decision.reason, "message": decision.message})
+            _dumps(
+                {
+                    "code": decision.code,
+                    "reason": decision.reason,
+                    "message": trim_text(decision.message, MAX_MESSAGE_BYTES),
+                }
+            )
         )
     else:
         parts.append(b',"allowed":true')

@@ -26,10 +26,16 @@ Secret is served without a restart and without touching open connections; a
 ``cleanup_ctx`` task polls the files. Without ``tls.cert_file`` the embedded
 default generates (or reuses) a local CA (:mod:`webhook.embedded`).
 
+Connections (:mod:`webhook.connections`): the listener is ours, not an
+aiohttp site, so each connection has a budget, a deadline for its handshake,
+headers, body and answer, and an idle timeout longer than the API server's.
+
 Shutdown (after SIGTERM, handled once at the top by the CLI): readiness turns
 503, the listener keeps accepting for ``drain_delay_s`` (endpoints take a
-moment to drop the pod), then aiohttp stops accepting, closes idle keep-alive
-connections and waits up to ``shutdown_timeout_s`` for in-flight requests.
+moment to drop the pod), then it stops accepting, closes connections that hold
+no complete request headers, and keeps reading and answering every request
+whose headers had arrived, for at most ``shutdown_timeout_s``; it ends as soon
+as the last is answered.
 """
 
 from __future__ import annotations
@@ -50,15 +56,25 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
-from certs.tls import ReloadingTLS, ServingPair
+from certs.tls import Rejection, ReloadingTLS, ServingPair
+from webhook import logguard
 from webhook.admission import Target, admit, classify, namespace_to_look_up
 from webhook.batching import Batcher
+from webhook.clienttext import MAX_MESSAGE_BYTES, trim_text
 from webhook.config import WebhookConfig
+from webhook.connections import Listener, fit_to_fd_limit
 from webhook.embedded import ensure_local_bundle
 from webhook.metrics import METRICS_CONTENT_TYPE, Outcome, WebhookMetrics
-from webhook.model import NO_NAMESPACE_FACTS, Denial, NamespaceFacts, PodShapeError, RuleSettings
+from webhook.model import (
+    NO_NAMESPACE_FACTS,
+    Decision,
+    Denial,
+    NamespaceFacts,
+    PodShapeError,
+    RuleSettings,
+)
 from webhook.namespaces import NamespaceSource
 from webhook.quotas.service import namespace_source, quota_mirror
 from webhook.review import (
@@ -72,6 +88,15 @@ logger = logging.getLogger(__name__)
 
 MUTATE_PATH: Final = "/mutate"
 JSON: Final = "application/json"
+LINGER_S: Final = 2.0
+MAX_BIG_REVIEWS: Final = 4
+"""Big reviews held at once, from their body to their answer: at most 4 x (4 MiB
+body + its answer) pinned by clients that post big reviews and never read."""
+BIG_REVIEW_BYTES: Final = 256 * 1024
+"""Reviews larger than this are judged in a worker thread, one at a time
+(:func:`_review_big`): eight clients posting 4 MB reviews back to back once
+made a small review wait 668 ms, each big one a long turn of the event loop.
+Real pods are a few KiB; the API server's limit is 3 MiB."""
 
 
 @dataclass
@@ -87,6 +112,12 @@ class WebhookState:
     draining: bool = False
     env: Mapping[str, str] | None = None
     """Environment for ``kubernetes.enabled: auto`` detection (``os.environ`` when None)."""
+    listener: Listener | None = None
+    """The connections (set once listening; None for an app served some other way)."""
+    big_reviews: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One review larger than :data:`BIG_REVIEW_BYTES` judged at a time (:func:`_review_big`)."""
+    big_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_BIG_REVIEWS))
+    """Big reviews read, judged or being sent at once (:func:`_handle_big`)."""
 
 
 STATE_KEY: Final = web.AppKey("metagpu_webhook_state", WebhookState)
@@ -96,6 +127,7 @@ REVIEWS_KEY: Final = web.AppKey("metagpu_webhook_reviews", Batcher[tuple[bytes, 
 def create_app(state: WebhookState) -> web.Application:
     """The aiohttp application: routes, state, and the background tasks' lifecycles."""
     app = web.Application(client_max_size=state.config.max_body_bytes)
+    app.on_response_prepare.append(_answering)
     app[STATE_KEY] = state
     app[REVIEWS_KEY] = Batcher(functools.partial(_review, state))
     app.router.add_post(MUTATE_PATH, handle_mutate)
@@ -127,13 +159,14 @@ async def handle_mutate(request: web.Request) -> web.Response:
         return _bad_request(
             state, started, f"Content-Type must be {JSON} (an AdmissionReview), got {given!r}"
         )
-    if request.content_length is not None and request.content_length > max_bytes:
-        return _bad_request(state, started, _too_large(request.content_length, max_bytes))
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return _bad_request(state, started, _too_large(None, max_bytes))
-
+    length = request.content_length
+    if length is not None and length > max_bytes:
+        return _bad_request(state, started, _too_large(length, max_bytes))
+    if length is None or length > BIG_REVIEW_BYTES:
+        return await _handle_big(request, state, started)
+    body = await _read_body(request, state, started)
+    if isinstance(body, web.Response):
+        return body
     reviewed = await request.app[REVIEWS_KEY].submit((body, started))
     if isinstance(reviewed, web.Response):
         return reviewed
@@ -143,6 +176,56 @@ async def handle_mutate(request: web.Request) -> web.Response:
         return _answer(state, review, target=target, namespace=facts, started=started)
     except Exception:
         return _internal_error(state, review, target, started)
+
+
+async def _read_body(
+    request: web.Request, state: WebhookState, started: float
+) -> bytes | web.Response:
+    """The whole body within ``body_timeout_s``, or the answer that says why not."""
+    max_bytes = state.config.max_body_bytes
+    timeout_s = state.config.connections.body_timeout_s
+    try:
+        if request.content.is_eof():  # all there (the usual case): no timer to set
+            return await request.read()
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _bad_request(state, started, _too_large(None, max_bytes))
+    except TimeoutError:
+        response = _bad_request(
+            state, started, f"request body not complete within {timeout_s:g}s", status=408
+        )
+        response.force_close()
+        return response
+    except ConnectionError as exc:  # the client went away mid-body: its business, not ours
+        logger.debug("client disconnected before its body arrived", extra={"error": str(exc)})
+        return web.Response(status=400, text="incomplete request body\n")
+
+
+async def _handle_big(request: web.Request, state: WebhookState, started: float) -> web.Response:
+    """A review over :data:`BIG_REVIEW_BYTES` (or of unknown length), in one of
+    :data:`MAX_BIG_REVIEWS` slots held from reading its body to sending its answer.
+
+    So what big reviews pin is bounded whatever clients do: a client that never
+    reads its answer holds a slot until ``write_timeout_s`` drops it, and waiting
+    reviews are not read meanwhile (their bytes wait in the kernel, not here).
+    Small reviews never wait for a slot.
+    """
+    listener = state.listener
+    conn = listener.connection_of(request.protocol) if listener is not None else None
+    if conn is not None:
+        conn.handling()  # waiting for a slot may take long; the body timeout still holds
+    async with state.big_slots:
+        body = await _read_body(request, state, started)
+        if isinstance(body, web.Response):
+            return body
+        response = await _review_big(state, body, started)
+        try:  # sent here, in the slot; on_response_prepare starts the write deadline
+            await response.prepare(request)
+            await response.write_eof()  # returns once the client has taken most of it
+        except ConnectionError:
+            logger.debug("client went away before taking its answer")
+        return response
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,17 +285,40 @@ def _answer(
     started: float,
 ) -> web.Response:
     """The decision for a checked review, as an HTTP response (200, or 400 for a bad object)."""
+    judged = _judge(state, review, target=target, namespace=namespace)
+    return _respond(state, review, judged, target=target, started=started)
+
+
+Judged = tuple[Decision, bytes] | str
+"""The decision and the answer's bytes, or why the object is not valid."""
+
+
+def _judge(
+    state: WebhookState, review: AdmissionRequest, *, target: Target, namespace: NamespaceFacts
+) -> Judged:
+    """Rules and encoding, without side effects: safe to run off the event loop."""
     try:
         decision = admit(review, settings=state.settings, namespace=namespace, target=target)
     except PodShapeError as exc:
-        kind = review["kind"]["kind"]
-        return _bad_request(state, started, f"request.object is not a valid {kind}: {exc}")
+        return f"request.object is not a valid {review['kind']['kind']}: {exc}"
+    return decision, encode_response(review["uid"], decision)
 
-    body = encode_response(review["uid"], decision)
+
+def _respond(
+    state: WebhookState, review: AdmissionRequest, judged: Judged, *, target: Target, started: float
+) -> web.Response:
+    """Log, count and wrap a judged review (on the event loop: the metrics are not locked)."""
+    if isinstance(judged, str):
+        return _bad_request(state, started, judged)
+    decision, body = judged
     outcome: Outcome
     if isinstance(decision, Denial):
         outcome = "denied"
-        logger.info("denied: %s", decision.message, extra=_ref(review, reason=decision.reason))
+        logger.info(
+            "denied: %s",
+            trim_text(decision.message, MAX_MESSAGE_BYTES),
+            extra=_ref(review, reason=decision.reason),
+        )
     elif decision.patch:
         outcome = "allowed-mutated"
         if logger.isEnabledFor(logging.DEBUG):
@@ -223,6 +329,37 @@ def _answer(
         outcome = "allowed-unchanged"
     state.metrics.observe(outcome, target, time.perf_counter() - started)
     return web.Response(body=body, content_type=JSON)
+
+
+async def _review_big(state: WebhookState, body: bytes, started: float) -> web.Response:
+    """A review over :data:`BIG_REVIEW_BYTES`: decoded and judged in a worker thread.
+
+    The thread holds the GIL only in turns (pure Python gives it up every few
+    milliseconds), so the event loop keeps answering small reviews meanwhile;
+    one big review at a time, so they cannot pile up in memory either. Logging,
+    metrics and the namespace cache stay on the loop.
+    """
+    async with state.big_reviews:
+        try:
+            review = await asyncio.to_thread(decode_review, body)
+        except ReviewError as exc:
+            return _bad_request(state, started, str(exc))
+        target: Target = "other"
+        try:
+            target = classify(review)
+            facts = NO_NAMESPACE_FACTS
+            ns_name = namespace_to_look_up(review, target=target)
+            if ns_name is not None and state.namespaces is not None:
+                facts = await state.namespaces.facts(ns_name)
+            judged = await asyncio.to_thread(
+                functools.partial(_judge, state, review, target=target, namespace=facts)
+            )
+            return _respond(state, review, judged, target=target, started=started)
+        except Exception:
+            return _internal_error(state, review, target, started)
+        finally:
+            if state.listener is not None:
+                state.listener.trimmer.soon()  # its tens of MB, given back
 
 
 async def handle_healthz(request: web.Request) -> web.Response:
@@ -241,7 +378,16 @@ async def handle_readyz(request: web.Request) -> web.Response:
     }
     if state.tls is not None:
         info = state.tls.current.info
-        report["tls"] = {"serial": f"{info.serial:x}", "not_after": info.not_after.isoformat()}
+        tls: dict[str, object] = {
+            "serial": f"{info.serial:x}",
+            "not_after": info.not_after.isoformat(),
+        }
+        rejection = state.tls.rejection
+        if rejection is not None:  # still serving the pair above: ready, but say it
+            tls["rejected"] = {"reason": rejection.reason, "at": rejection.at.isoformat()}
+        report["tls"] = tls
+    if state.listener is not None:
+        report["connections"] = state.listener.open_connections
     return web.Response(
         text=json.dumps(report) + "\n", status=200 if ready else 503, content_type=JSON
     )
@@ -254,10 +400,32 @@ async def handle_metrics(request: web.Request) -> web.Response:
     )
 
 
-def _bad_request(state: WebhookState, started: float, message: str) -> web.Response:
+def _bad_request(
+    state: WebhookState, started: float, message: str, *, status: int = 400
+) -> web.Response:
+    message = trim_text(message, MAX_MESSAGE_BYTES)
     logger.warning("refused a request that is not a usable AdmissionReview: %s", message)
     state.metrics.observe("error", "invalid", time.perf_counter() - started)
-    return web.Response(status=400, text=message + "\n")
+    return web.Response(status=status, text=message + "\n")
+
+
+async def _answering(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: every answer, 404s included, just before its headers go.
+
+    Tells the connection its request is answered, which is what its deadlines and
+    the drain go by (:mod:`webhook.connections`). While draining, every answer
+    closes its connection and says so.
+    """
+    listener = request.app[STATE_KEY].listener
+    if listener is None:
+        return
+    conn = listener.connection_of(request.protocol)
+    if conn is None:
+        return
+    conn.answered()
+    if listener.draining:
+        response.force_close()
+        response.headers[hdrs.CONNECTION] = "close"
 
 
 def _too_large(length: int | None, limit: int) -> str:
@@ -367,6 +535,7 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
         self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._env = env
         self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
         self._running: RunningWebhook | None = None
 
     async def __aenter__(self) -> RunningWebhook:
@@ -384,7 +553,12 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
             metrics.cert_not_after.set(pair.info.not_after.timestamp())
             metrics.cert_reloads.inc()
 
-        tls = ReloadingTLS(cert_file, key_file, clock=self._clock, on_reload=on_reload)
+        def on_reject(_: Rejection) -> None:
+            metrics.cert_rejections.inc()
+
+        tls = ReloadingTLS(
+            cert_file, key_file, clock=self._clock, on_reload=on_reload, on_reject=on_reject
+        )
         metrics.cert_not_after.set(tls.current.info.not_after.timestamp())
         state = WebhookState(
             config=config,
@@ -395,21 +569,40 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
             env=self._env,
         )
         app = create_app(state)
+        limits = config.connections
         runner = web.AppRunner(
             app,
             handle_signals=False,
             access_log=None,
             shutdown_timeout=config.shutdown_timeout_s,
+            # The listener closes idle connections (idle_timeout_s); aiohttp's own
+            # keep-alive timer is only a backstop behind it.
+            keepalive_timeout=limits.idle_timeout_s * 2,
+            # After an answer sent before its request's body was read (a 400 for a
+            # body too large, a 408), read and drop what still comes for this long
+            # so the client sees the answer, then close: aiohttp's 10 s default
+            # let a client hold the connection for nothing.
+            lingering_time=LINGER_S,
         )
         await runner.setup()
         self._runner = runner
         try:
-            site = web.TCPSite(runner, config.host, config.port, ssl_context=tls.server_context)
-            await site.start()
+            assert runner.server is not None
+            listener = Listener(
+                runner.server,
+                ssl_context=tls.server_context,
+                limits=limits,
+                max_connections=fit_to_fd_limit(limits.max_connections),
+            )
+            addresses = await listener.start(config.host, config.port)
         except BaseException:
             await asyncio.shield(runner.cleanup())
             raise
-        port = int(runner.addresses[0][1])
+        self._listener = state.listener = listener
+        metrics.watch_connections(
+            lambda: listener.open_connections, listener.stats.refused, listener.stats.closed
+        )
+        port = int(addresses[0][1])
         url = f"https://{_url_host(config.host)}:{port}"
         logger.info(
             "serving AdmissionReview v1",
@@ -426,8 +619,8 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        runner, running = self._runner, self._running
-        self._runner = self._running = None
+        runner, running, listener = self._runner, self._running, self._listener
+        self._runner = self._running = self._listener = None
         if runner is None:
             return
         if running is not None:
@@ -436,11 +629,16 @@ class running_webhook:  # noqa: N801 - used like a function: `async with running
             if delay > 0:
                 logger.info("draining: not ready, still serving", extra={"for_s": delay})
                 await asyncio.sleep(delay)
-        logger.info(
-            "stopping: finishing in-flight requests",
-            extra={"timeout_s": self._config.shutdown_timeout_s},
-        )
+        timeout_s = self._config.shutdown_timeout_s
+        logger.info("stopping: answering the requests received", extra={"timeout_s": timeout_s})
+        if listener is not None and not await asyncio.shield(listener.drain(timeout_s)):
+            logger.warning(
+                "requests still unanswered after shutdown_timeout_s; dropping them",
+                extra={"timeout_s": timeout_s, "requests": listener.busy},
+            )
         await asyncio.shield(runner.cleanup())
+        if listener is not None:
+            await asyncio.shield(listener.close())
         logger.info("stopped")
 
 
@@ -464,6 +662,7 @@ async def serve(
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    logguard.install()  # a flood of clients must not become a flood of log lines
 
     def on_signal(sig: signal.Signals) -> None:
         if stop.is_set():

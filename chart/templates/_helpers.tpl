@@ -273,6 +273,14 @@ come from flags (see the Deployment), so the file holds only policy. */}}
   "kubernetes" (dict "enabled" true "namespace_lookup_timeout_s" .Values.webhook.namespaceLookupTimeoutS)
   "quota_mirror" (dict "enabled" .Values.quotaMirror.enabled "lease_name" (include "metagpu.quotaMirror.leaseName" .) "lease_namespace" .Release.Namespace)
   "drain_delay_s" .Values.webhook.drainDelayS
+  "connections" (dict
+    "max_connections" .Values.webhook.connections.maxConnections
+    "max_connections_per_client" .Values.webhook.connections.maxConnectionsPerClient
+    "tls_handshake_timeout_s" .Values.webhook.connections.tlsHandshakeTimeoutS
+    "header_timeout_s" .Values.webhook.connections.headerTimeoutS
+    "body_timeout_s" .Values.webhook.connections.bodyTimeoutS
+    "write_timeout_s" .Values.webhook.connections.writeTimeoutS
+    "idle_timeout_s" .Values.webhook.connections.idleTimeoutS)
 -}}
 {{- if not .Values.runtimeClass.name -}}
 {{- $_ := set $config "runtime_class_name" nil -}}

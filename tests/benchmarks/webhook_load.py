@@ -32,6 +32,11 @@ load: the figures ``docs/benchmarks.md`` explains. A step costs more there
 than in a loop of its own, because TLS and aiohttp's work for the other
 connections runs between two batches and evicts the step's code and data.
 
+``--baseline REF`` also starts the webhook as it was at git revision ``REF``
+(its tree exported with ``git archive`` and run with this venv) and measures
+it in every round next to the current one, so a change's cost is a same-run
+ratio rather than a comparison with figures from another day.
+
 A missed target is printed as MISS and the exit code stays 0: these are
 figures on a shared, noisy machine, not a test.
 """
@@ -272,9 +277,11 @@ async def floor_main(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------- coordinator
-def start_server(cmd: list[str], pattern: str) -> tuple[subprocess.Popen[str], int]:
+def start_server(
+    cmd: list[str], pattern: str, *, cwd: Path = ROOT
+) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 30
@@ -287,6 +294,38 @@ def start_server(cmd: list[str], pattern: str) -> tuple[subprocess.Popen[str], i
             return proc, int(match.group(1))
     proc.kill()
     raise RuntimeError(f"server did not start: {' '.join(cmd)}")
+
+
+def start_baseline(
+    ref: str, tmp: Path, cert_file: Path, key_file: Path
+) -> tuple[str, subprocess.Popen[str], int]:
+    """The webhook as of git revision ``ref``, from its exported tree, on this venv."""
+    tree = tmp / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", ref], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    proc, port = start_server(
+        [
+            sys.executable,
+            "-m",
+            # metagpu.cli since plugin/ was split by concern; plugin.cli before
+            "metagpu.cli" if (tree / "metagpu" / "cli.py").is_file() else "plugin.cli",
+            "webhook",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            str(cert_file),
+            "--tls-key",
+            str(key_file),
+            "--kubernetes",
+            "false",
+        ],
+        r"serving https://127\.0\.0\.1:(\d+)/mutate",
+        cwd=tree,
+    )
+    return "baseline", proc, port
 
 
 def cpu_seconds(pid: int) -> float:
@@ -376,6 +415,10 @@ def coordinate(args: argparse.Namespace) -> int:
         )
         servers: list[tuple[str, subprocess.Popen[str], int]] = []
         try:
+            if args.baseline:
+                servers.append(
+                    start_baseline(args.baseline, Path(tmp), bundle.cert_file, bundle.key_file)
+                )
             for step in ("", *(STEPS if args.breakdown else ())):
                 proc, port = start_server(
                     [
@@ -398,7 +441,7 @@ def coordinate(args: argparse.Namespace) -> int:
             webhook.kill()
             raise
         servers.append(("mutate", webhook, webhook_port))
-        floor, floor_port = servers[0][1], servers[0][2]
+        floor, floor_port = next((p, port) for name, p, port in servers if name == "floor")
         print(
             f"webhook load benchmark ({'quick' if args.quick else 'full'}): "
             f"{args.connections} keep-alive HTTPS connections, {body.stat().st_size}-byte review "
@@ -466,6 +509,31 @@ def coordinate(args: argparse.Namespace) -> int:
         f"{'PASS' if p99 < TARGET_P99_MS else 'MISS'}"
     )
     print(f"  failed requests: {errors}")
+    if args.baseline:
+        base = f"baseline ({args.baseline})"
+        print(
+            f"  {base:<38} {med('baseline', 'rps'):8.0f} req/s  p50 "
+            f"{med('baseline', 'p50_ms'):6.2f} ms  p99 {med('baseline', 'p99_ms'):6.2f} ms  "
+            f"server CPU {med('baseline', 'cpu_us_per_request'):5.0f} us/req"
+        )
+        print(
+            f"  mutate/baseline: throughput {med('mutate', 'rps') / med('baseline', 'rps'):.2f}, "
+            f"p50 {med('mutate', 'p50_ms') / med('baseline', 'p50_ms'):.2f}, "
+            f"p99 {med('mutate', 'p99_ms') / med('baseline', 'p99_ms'):.2f}, server CPU/req "
+            f"{med('mutate', 'cpu_us_per_request') / med('baseline', 'cpu_us_per_request'):.2f}"
+        )
+        # Each round measures both back to back, so a round's ratio sees the same load
+        # on a shared machine; their median is the figure to trust.
+        paired = [
+            (m.cpu_us_per_request / b.cpu_us_per_request, m.p50_ms / b.p50_ms)
+            for m, b in zip(results["mutate"], results["baseline"], strict=True)
+        ]
+        print(
+            "  mutate/baseline, median of per-round ratios: server CPU/req "
+            f"{statistics.median(c for c, _ in paired):.2f}, p50 "
+            f"{statistics.median(p for _, p in paired):.2f} "
+            f"(rounds: {', '.join(f'{c:.2f}' for c, _ in paired)})"
+        )
     if args.breakdown:
         print("\nwhere /mutate's server CPU goes (each step done through a floor's batcher):")
         previous = med("floor", "cpu_us_per_request")
@@ -497,6 +565,9 @@ def main() -> int:
         "--breakdown",
         action="store_true",
         help="also measure a floor per step of /mutate's work (what each step costs)",
+    )
+    parser.add_argument(
+        "--baseline", metavar="REF", help="also measure the webhook as of git revision REF"
     )
     parser.add_argument("--role", choices=("coordinator", "client", "floor"), default="coordinator")
     parser.add_argument("--step", choices=STEPS, help="floor role: do /mutate's work up to here")

@@ -86,6 +86,7 @@ EVERYTHING: Final[Obj] = {
         "extraRuntimeClassNames": ["nvidia-cdi"],
         "namespaceSelector": {"excludeNamespaces": ["gpu-operator"]},
         "priorityClassName": "system-cluster-critical",
+        "networkPolicy": {"enabled": True, "controlPlaneCidrs": ["10.0.0.0/24"]},
     },
 }
 """Every optional feature at once, with non-default names that must flow everywhere."""

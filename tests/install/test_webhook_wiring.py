@@ -473,3 +473,50 @@ def test_image_reference() -> None:
     assert image({"image": {"tag": "dev"}}) == "ghcr.io/metagpu/metagpu:dev"
     digest = "sha256:" + "a" * 64
     assert image({"image": {"digest": digest}}) == f"ghcr.io/metagpu/metagpu@{digest}"
+
+
+def _webhook_config(objects: list[Obj]) -> Any:
+    import yaml
+
+    from webhook.config import WebhookConfig
+
+    data = one(objects, "ConfigMap", "metagpu-webhook-config")["data"]["webhook.yaml"]
+    return WebhookConfig.model_validate(yaml.safe_load(data))
+
+
+def test_connection_limits_flow_from_values_into_the_config() -> None:
+    from webhook.config import ConnectionsConfig
+
+    defaults = _webhook_config(render()).connections
+    assert defaults == ConnectionsConfig()  # the chart's defaults are the webhook's
+    values = {"webhook": {"connections": {"maxConnectionsPerClient": 64, "idleTimeoutS": 300}}}
+    chosen = _webhook_config(render(values)).connections
+    assert (chosen.max_connections_per_client, chosen.idle_timeout_s) == (64, 300)
+
+
+def test_network_policy_is_off_by_default_and_admits_only_the_webhook_port() -> None:
+    assert find(render(), "NetworkPolicy") == []
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    values = {
+        "webhook": {
+            "port": 9443,
+            "networkPolicy": {
+                "enabled": True,
+                "controlPlaneCidrs": ["10.0.0.0/24"],
+                "extraFrom": [peer],
+            },
+        }
+    }
+    objects = render(values)
+    policy = one(objects, "NetworkPolicy", "metagpu-webhook")["spec"]
+    assert policy["policyTypes"] == ["Ingress"]
+    template = component(objects, "Deployment", "webhook")["spec"]["template"]
+    assert selects(policy["podSelector"], template["metadata"]["labels"])
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"port": 9443, "protocol": "TCP"}]
+    assert rule["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}, peer]
+    # No sources given: the port from anywhere, every other port closed.
+    (open_rule,) = one(render({"webhook": {"networkPolicy": {"enabled": True}}}), "NetworkPolicy")[
+        "spec"
+    ]["ingress"]
+    assert "from" not in open_rule

@@ -270,3 +270,20 @@ def test_cli_module_is_light() -> None:
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_every_connection_setting_has_a_flag_that_beats_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from webhook.cli import CONNECTION_FLAGS
+    from webhook.config import ConnectionsConfig
+
+    monkeypatch.setenv("METAGPU_WEBHOOK_CONNECTIONS__HEADER_TIMEOUT_S", "7")
+    webhook = next(c for c in COMMANDS if c.name == "webhook")
+    argv = ["--max-connections", "500", "--max-connections-per-client", "50"]
+    argv += [a for flag, kind, _ in CONNECTION_FLAGS if kind is float for a in (f"--{flag}", "4.5")]
+    loaded = load_webhook_config(build_parser(webhook).parse_args(argv)).connections
+    assert (loaded.max_connections, loaded.max_connections_per_client) == (500, 50)
+    timeouts = {k: v for k, v in loaded.model_dump().items() if k.endswith("_s")}
+    assert timeouts == dict.fromkeys(timeouts, 4.5)
+    assert len(CONNECTION_FLAGS) == len(ConnectionsConfig.model_fields)

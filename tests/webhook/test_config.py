@@ -73,6 +73,15 @@ def test_defaults_are_the_documented_contract() -> None:
         },
         "max_body_bytes": 4 * 1024 * 1024,
         "shutdown_timeout_s": 10,
+        "connections": {
+            "max_connections": 1024,
+            "max_connections_per_client": 256,
+            "tls_handshake_timeout_s": 10,
+            "header_timeout_s": 10,
+            "body_timeout_s": 30,
+            "write_timeout_s": 30,
+            "idle_timeout_s": 120,
+        },
         "drain_delay_s": 0,
     }
 

@@ -7,10 +7,8 @@ the test that accepts the namespace GET and never answers, so the handler is
 provably mid-request (the GET has arrived) when SIGTERM is sent; it completes
 when the lookup times out, with the config defaults and a warning.
 
-(A request whose *body* is still arriving at SIGTERM is not completed: aiohttp
-stops reading from connections once it starts closing them. ``drain_delay_s``
-keeps everything open for a while after SIGTERM; the API server sends a review
-in one write.)
+A request whose *body* is still arriving at SIGTERM is read and answered too:
+``tests/webhook/hostile/test_shutdown_upload.py``.
 """
 
 from __future__ import annotations
