@@ -9,12 +9,11 @@ printed in the terminal summary.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
 
-from tests.image.containers import ChrootRunner, PodmanRunner, Runner
+from tests.image.containers import Runner, choose_runner
 
 _USED: list[str] = []
 
@@ -33,34 +32,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"image smoke test isolation: {line}")
 
 
-def _namespaced(image: str, engine: str) -> Runner | None:
-    if engine == "docker":
-        return PodmanRunner(image, cli="docker")
-    if shutil.which("podman") is None:
-        return None
-    for runtime in (None, "runc"):
-        if runtime is not None and shutil.which(runtime) is None:
-            continue
-        runner = PodmanRunner(image, runtime=runtime)
-        if runner.works():
-            return runner
-    return None
-
-
 @pytest.fixture(scope="session")
 def runner(request: pytest.FixtureRequest) -> Iterator[Runner]:
     image: str = request.config.getoption("--image")
     engine: str = request.config.getoption("--image-engine")
     isolation: str = request.config.getoption("--image-isolation")
-    found = None if isolation == "chroot" else _namespaced(image, engine)
-    if found is not None:
-        _USED.append(found.isolation)
+    try:
+        chosen = choose_runner(image, engine, isolation)
+        found = chosen.__enter__()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    _USED.append(found.isolation)
+    try:
         yield found
-        return
-    if isolation == "namespaces":
-        pytest.fail("--image-isolation namespaces: podman cannot start containers here")
-    if shutil.which("buildah") is None:
-        pytest.fail("neither podman nor buildah can run the image here (install buildah)")
-    with ChrootRunner.of(image) as chroot:
-        _USED.append(chroot.isolation)
-        yield chroot
+    finally:
+        chosen.__exit__(None, None, None)

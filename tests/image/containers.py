@@ -28,6 +28,7 @@ import json
 import os
 import resource
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -441,3 +442,34 @@ def _check(command: list[str]) -> str:
     if result.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} failed:\n{result.stderr}")
     return result.stdout
+
+
+def _namespaced(image: str, engine: str) -> Runner | None:
+    if engine == "docker":
+        return PodmanRunner(image, cli="docker")
+    if shutil.which("podman") is None:
+        return None
+    for runtime in (None, "runc"):
+        if runtime is not None and shutil.which(runtime) is None:
+            continue
+        runner = PodmanRunner(image, runtime=runtime)
+        if runner.works():
+            return runner
+    return None
+
+
+@contextlib.contextmanager
+def choose_runner(image: str, engine: str, isolation: str) -> Iterator[Runner]:
+    """The runner for ``image``: real namespaces (podman with its default OCI runtime, then
+    runc: crun refuses hosts with a hybrid cgroup layout; or docker, when it built the image)
+    unless ``isolation`` is ``chroot``; else chroot into ``buildah mount`` of the image."""
+    found = None if isolation == "chroot" else _namespaced(image, engine)
+    if found is not None:
+        yield found
+        return
+    if isolation == "namespaces":
+        raise RuntimeError("isolation 'namespaces': podman cannot start containers here")
+    if shutil.which("buildah") is None:
+        raise RuntimeError("neither podman nor buildah can run the image here (install buildah)")
+    with ChrootRunner.of(image) as chroot:
+        yield chroot
