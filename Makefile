@@ -89,7 +89,7 @@ IMAGE_ENV     = IMAGE=$(IMAGE) IMAGE_BASE=$(IMAGE_BASE) $(if $(ENGINE),ENGINE=$(
 image: ## build the image with docker, podman or buildah (ENGINE=..., IMAGE_BASE=local|official|REF)
 	$(IMAGE_ENV) scripts/image.sh build
 
-image-archive: ## build the image and write it as an OCI archive ($(IMAGE_ARCHIVE))
+image-archive: ## build the image and write it as an OCI archive (build/metagpu-image.oci.tar)
 	$(IMAGE_ENV) scripts/image.sh archive $(IMAGE_ARCHIVE)
 
 image-test: setup tools ## build the image, then run it as the chart does (tests/image)

@@ -1,7 +1,7 @@
 """Benchmark: the built image's size, the webhook's start-up in it, and each entry point's idle RSS.
 
 Usage: ``python tests/benchmarks/image_figures.py --image REF [--quick] [--rounds N]``
-(``make image`` first; ``make image-test`` runs it with ``--quick`` so it cannot rot).
+(``make image`` first; ``make image-test`` runs it with ``--quick``, one round, so it cannot rot).
 
 Figures, each container run as the chart runs it (tests/image/pods.py), with the
 same isolation the smoke test picks (podman with real namespaces, else chroot):
@@ -208,10 +208,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", default="ghcr.io/metagpu/metagpu:dev")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="2 rounds (the smoke test)")
+    parser.add_argument("--quick", action="store_true", help="1 round (the smoke test)")
     parser.add_argument("--isolation", choices=("auto", "namespaces", "chroot"), default="auto")
     args = parser.parse_args()
-    asyncio.run(main_async(args.image, 2 if args.quick else args.rounds, args.isolation))
+    asyncio.run(main_async(args.image, 1 if args.quick else args.rounds, args.isolation))
     return 0
 
 

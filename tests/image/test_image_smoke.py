@@ -183,6 +183,7 @@ def test_every_console_script_and_chart_command_starts(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(360)
 def test_the_image_benchmark_runs_quick(runner: Runner, request: pytest.FixtureRequest) -> None:
     """tests/benchmarks/image_figures.py still works (docs/benchmarks.md quotes it)."""
     isolation = "chroot" if runner.isolation.startswith("chroot") else "namespaces"
