@@ -222,7 +222,14 @@ class _PodmanContainer:
         return result.stdout + result.stderr
 
     def stop(self) -> None:
-        self.runner.podman("rm", "--force", "--time", "5", self.name, check=False)
+        """SIGTERM, then SIGKILL after Kubernetes' default grace period (30 s), then remove.
+
+        The device plugin takes about 5 s to exit after SIGTERM here (health.event_timeout_s is
+        5 s), so a shorter wait would end it by SIGKILL."""
+        self.runner.podman("stop", "--time", "30", self.name, check=False, timeout_s=60)
+        removed = self.runner.podman("rm", "--force", self.name, check=False)
+        if removed.returncode != 0 and "no such container" not in removed.stderr.lower():
+            raise RuntimeError(f"cannot remove container {self.name}: {removed.stderr}")
 
 
 @dataclass
