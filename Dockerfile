@@ -1,39 +1,61 @@
 # syntax=docker/dockerfile:1
 #
 # One image for every metagpu entry point: `metagpu webhook | device-plugin |
-# agent | certs | mutate` and `mgctl`. Build it with `make image` (needs a
-# container engine; see docs/install.md).
+# agent | certs | mutate` and `mgctl`. Build it with `make image` (Docker,
+# Podman or buildah; see docs/install.md, "Building the image").
 #
 # The base is pinned by its full tag (Python patch release + Debian release),
 # not by digest: a digest cannot be resolved or checked on the machines this
 # repository is built and tested on (no registry access). Pin the digest in
 # your own build pipeline (e.g. Renovate's docker digest pinning) if your
 # policy requires it; the tag keeps the Dockerfile readable and reviewable.
+#
+# Any Debian-style Python 3.11+ image with python3 -m venv works as the base:
+# `make image` on a machine without registry access builds one from Debian's
+# packages (scripts/image_base.sh) and passes it as PYTHON_IMAGE. Nothing below
+# relies on the official image's layout: everything metagpu installs lives in
+# its own virtual environment, /opt/metagpu/venv, whatever the base's Python
+# prefix (/usr/local or /usr) and whether or not it is marked EXTERNALLY-MANAGED.
 ARG PYTHON_IMAGE=python:3.11.14-slim-trixie
 
 # ---------------------------------------------------------------- build stage
 # Builds the metagpu wheel and installs it with its dependencies, pinned by
-# constraints.txt, into /install (a --prefix tree). Everything this stage needs
+# constraints.txt, into the virtual environment. Everything this stage needs
 # to build (pip's build backend, caches, the source tree) stays here.
 FROM ${PYTHON_IMAGE} AS build
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1
+    PIP_NO_CACHE_DIR=1 \
+    PIP_ROOT_USER_ACTION=ignore \
+    VIRTUAL_ENV=/opt/metagpu/venv
+ENV PATH=${VIRTUAL_ENV}/bin:${PATH}
 
 WORKDIR /src
-# Metadata first, so a source change does not invalidate anything before it.
-COPY pyproject.toml constraints.txt README.md ./
-COPY plugin/ plugin/
-COPY webhook/ webhook/
-COPY certs/ certs/
-COPY metagpu/ metagpu/
+RUN python3 -m venv "${VIRTUAL_ENV}"
 
-# The wheel is built once, then installed from the local wheel directory; every
-# dependency comes from PyPI as a binary wheel (--only-binary), so no compiler
-# is needed and none is installed.
-RUN pip wheel --no-deps --wheel-dir /wheels . \
- && pip install --prefix=/install --no-warn-script-location \
-        --only-binary=:all: --constraint constraints.txt /wheels/metagpu-*.whl
+# Dependencies first, from the metadata alone, so a change of source reuses
+# this (largest) layer. Every dependency comes from PyPI as a binary wheel
+# (--only-binary), so no compiler is needed and none is installed.
+# pip trusts the certifi bundle it ships; behind a TLS-intercepting proxy pass
+# the proxy's CA as the optional build secret `pip-ca` (make image passes the
+# host's bundle). A secret is mounted for one step and never lands in a layer.
+COPY pyproject.toml constraints.txt ./
+RUN --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+ && python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
+ && python3 -m pip install --only-binary=:all: --constraint constraints.txt --requirement requirements.txt
+
+# The source: whatever .dockerignore lets through (its allow-list names the
+# packages, in one place). The wheel is built once, then installed without
+# touching its (already installed) dependencies. pip, setuptools and wheel
+# leave the environment afterwards: nothing in the running image installs.
+COPY . .
+RUN --mount=type=secret,id=pip-ca \
+    if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+ && python3 -m pip wheel --no-deps --wheel-dir /wheels . \
+ && python3 -m pip install --no-deps /wheels/metagpu-*.whl \
+ && python3 -m pip check \
+ && python3 -m pip uninstall --yes pip setuptools wheel
 
 # ---------------------------------------------------------------- final stage
 FROM ${PYTHON_IMAGE}
@@ -51,23 +73,28 @@ LABEL org.opencontainers.image.title="metagpu" \
       org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/metagpu/venv/bin:${PATH}
 
-# Only the installed tree: no source, no wheels, no build backend. The .pyc files
-# pip compiled at install time come along, so a read-only root filesystem costs
-# nothing at start-up.
-COPY --from=build /install /usr/local
-
-# The base image's pip, setuptools and wheel are installers and build tools that
-# nothing in the running image uses; removing them leaves less to patch and less
-# to misuse. (pip reports "not installed" for any the base no longer ships.)
+# The base image's own pip, setuptools and wheel (the official image has them,
+# Debian's python3 does not) are installers and build tools that nothing in the
+# running image uses; removing them leaves less to patch and less to misuse.
 # A fixed numeric UID/GID (65532, the "nonroot" convention), so Kubernetes can
 # verify runAsNonRoot without an /etc/passwd lookup. The device plugin and agent
 # override it with runAsUser: 0 in their pod spec (they write kubelet dirs).
-RUN python -m pip uninstall --yes pip setuptools wheel \
+# This layer depends on the base alone, so it is reused across source changes.
+RUN if python3 -m pip --version >/dev/null 2>&1; then \
+        python3 -m pip uninstall --yes pip setuptools wheel; \
+    fi \
  && groupadd --system --gid 65532 metagpu \
  && useradd --system --uid 65532 --gid 65532 --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin metagpu
+
+# Only the virtual environment: no source, no wheels, no build backend, no pip.
+# The .pyc files pip compiled at install time come along, so a read-only root
+# filesystem costs nothing at start-up. Its python3 links to the base's
+# interpreter at the same path as in the build stage (same base).
+COPY --from=build /opt/metagpu/venv /opt/metagpu/venv
 USER 65532:65532
 
 ENTRYPOINT ["metagpu"]

@@ -26,6 +26,25 @@ A copy of ``../shared/fixtures/admission`` so a fresh clone is self-contained;
 UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the NUL
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Options of the image smoke test (tests/image), which ``make image-test`` passes."""
+    group = parser.getgroup("image", "image smoke test (tests/image; run by make image-test)")
+    group.addoption("--image", metavar="REF", help="the built image to run (skipped without it)")
+    group.addoption(
+        "--image-engine",
+        default="podman",
+        metavar="ENGINE",
+        help="the engine that built it: podman or buildah share containers/storage and run it "
+        "(podman with real namespaces where it can, else chroot); docker runs it itself",
+    )
+    group.addoption(
+        "--image-isolation",
+        choices=("auto", "namespaces", "chroot"),
+        default="auto",
+        help="auto: real namespaces (podman) where they work, else chroot (buildah mount)",
+    )
+
+
 def load_admission_fixture(name: str) -> dict[str, Any]:
     """One captured AdmissionReview request body, parsed."""
     data: dict[str, Any] = json.loads((ADMISSION_FIXTURES / name).read_text())

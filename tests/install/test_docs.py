@@ -89,6 +89,12 @@ def test_install_guide_has_section(heading: str) -> None:
         "helm uninstall metagpu",
         "make image",
         "container engine",
+        "make image-archive",
+        "make image-test",
+        "ctr -n k8s.io images import build/metagpu-image.oci.tar",
+        "kind load image-archive build/metagpu-image.oci.tar",
+        "skopeo copy oci-archive:build/metagpu-image.oci.tar",
+        "--build-arg PYTHON_IMAGE=",
         "metagpu.io/inject=false",
     ],
 )
