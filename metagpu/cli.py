@@ -39,7 +39,7 @@ COMMAND_MODULES: Final[dict[str, tuple[str, str]]] = {
         "apply the webhook's rules to a pod file offline and show the result",
     ),
     "certs": ("certs.cli", "generate, bootstrap and inspect the webhook's TLS certificates"),
-    "device-plugin": ("plugin.deviceplugin.cli", "serve meta-devices to the kubelet (v1beta1)"),
+    "device-plugin": ("metagpu.device_plugin", "serve meta-devices to the kubelet (v1beta1)"),
     "agent": ("metagpu.agent", "node agent: usage accounting, enforcement, labels, metrics"),
     "dev": ("metagpu.dev", "the embedded default: webhook + device plugin on simulated GPUs"),
 }
