@@ -64,12 +64,14 @@ class NodePodWatcher:
         *,
         node_name: str,
         sink: PodSink,
-        watch_timeout_s: int = WATCH_TIMEOUT_S,
+        watch_timeout_s: int | None = None,
     ) -> None:
+        """``watch_timeout_s``: the server-side watch timeout (default
+        :data:`WATCH_TIMEOUT_S`, read when the watcher is made)."""
         self._core = client.CoreV1Api(api)
         self.node_name = node_name
         self.sink = sink
-        self.watch_timeout_s = watch_timeout_s
+        self.watch_timeout_s = WATCH_TIMEOUT_S if watch_timeout_s is None else watch_timeout_s
         self.synced = asyncio.Event()
         """Set once the first LIST has been applied."""
         self.error: str | None = "not listed yet"
