@@ -1,4 +1,4 @@
-"""``metagpu device-plugin``: the device plugin, with the Kubernetes credentials every component uses.
+"""``metagpu device-plugin``: the device plugin, with the credentials every component uses.
 
 The plugin watches the pods bound to its node to honour the scheduler
 extender's GPU assignments (issue 14). No module of plugin may import certs,

@@ -141,13 +141,12 @@ class LedgerPublisher:
 
     async def _patch(self, value: str | None, *, what: str) -> bool:
         body = {"metadata": {"annotations": {ANNOTATION_GPU_LEDGER: value}}}
+        options: dict[str, Any] = {
+            "_content_type": "application/merge-patch+json",
+            "_request_timeout": REQUEST_TIMEOUT_S,
+        }
         try:
-            await self._core.patch_node(
-                self.node_name,
-                body,
-                _content_type="application/merge-patch+json",
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )
+            await self._core.patch_node(self.node_name, body, **options)
         except Exception as exc:
             logger.warning(
                 "could not write the %s: %s",

@@ -95,7 +95,9 @@ def build_ledger(
                 healthy=healthy,
                 reason=reason,
                 holders=tuple(
-                    sorted(holders.get(gpu.uuid, ()), key=lambda h: (h.namespace, h.pod, h.container))
+                    sorted(
+                        holders.get(gpu.uuid, ()), key=lambda h: (h.namespace, h.pod, h.container)
+                    )
                 ),
             )
         )
@@ -143,7 +145,10 @@ def _per_pod(ledger: NodeLedger) -> NodeLedger:
                 h
                 if seen is None
                 else seen.model_copy(
-                    update={"container": f"{seen.container}+{h.container}", "units": seen.units + h.units}
+                    update={
+                        "container": f"{seen.container}+{h.container}",
+                        "units": seen.units + h.units,
+                    }
                 )
             )
         gpus.append(gpu.model_copy(update={"holders": tuple(merged.values())}))

@@ -190,9 +190,7 @@ class AssignmentBook:
             # Nothing to wait for: no assignment, going away, or already allocated.
             if uid in self._pods:
                 self._pods.pop(uid)
-                self._allocated.difference_update(
-                    {r for r in self._allocated if r[0] == uid}
-                )
+                self._allocated.difference_update({r for r in self._allocated if r[0] == uid})
             return
         try:
             assignment = PodAssignment.model_validate_json(text)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import grpc
@@ -35,7 +35,7 @@ from plugin.api.resources import DeviceId
 from plugin.deviceplugin.assignments import AssignmentBook, Match
 from plugin.deviceplugin.container_spec import build_container_spec
 from plugin.gpu.health_monitor import HealthBoard
-from plugin.placement.allocation import preferred_allocation
+from plugin.placement.allocation import AssignedCounts, preferred_allocation
 from plugin.placement.devices import HEALTHY, UNHEALTHY, DeviceError, DeviceTable, MetaDevice
 from plugin.placement.units import is_fraction_split
 
@@ -66,6 +66,7 @@ class DevicePluginServicer:
     ) -> None:
         self._table = table
         self._book = book
+        self._gpu_ids = [str(g.device_id) for g in table.gpus]
         self._config = config
         self._board = board
         self._stop = stop
@@ -118,21 +119,9 @@ class DevicePluginServicer:
 
     async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:  # noqa: N802
         response = pb.PreferredAllocationResponse()
-        gpu_ids = [str(g.device_id) for g in self._table.gpus]
         for creq in request.container_requests:
-            matched: list[Match] = []
-            book = self._book
             size = creq.allocation_size
-
-            def assigned(free: Any, held: Any) -> Any:
-                if book is None:
-                    return None
-                match = book.match(size, gpu_ids=gpu_ids, free=free, held=held)
-                if match is None:
-                    return None
-                matched.append(match)
-                return match.take
-
+            matched: list[Match] = []
             try:
                 placement = preferred_allocation(
                     creq.available_deviceIDs,
@@ -140,13 +129,13 @@ class DevicePluginServicer:
                     size,
                     table=self._table,
                     policy=self._config.allocation_policy,
-                    assigned=assigned,
+                    assigned=self._assignment_hook(size, matched),
                 )
             except DeviceError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                 raise  # unreachable: abort raises
-            if book is not None and matched and placement.assigned:
-                book.answered(placement.ids, matched[0].container)
+            if self._book is not None and matched and placement.assigned:
+                self._book.answered(placement.ids, matched[0].container)
                 logger.info(
                     "preferred allocation of %d unit(s) follows the assignment of %s: %s",
                     size,
@@ -243,6 +232,23 @@ class DevicePluginServicer:
                 self._listing_cache.clear()
             self._listing_cache[sick] = cached
         return cached
+
+    def _assignment_hook(self, size: int, matched: list[Match]) -> AssignedCounts | None:
+        """The ``assigned`` hook of :func:`preferred_allocation`: the book's match for a
+        request of ``size`` units (appended to ``matched``), or None without a book."""
+        book = self._book
+        if book is None:
+            return None
+        gpu_ids = self._gpu_ids
+
+        def assigned(free: Sequence[int], held: Sequence[int]) -> Sequence[int] | None:
+            match = book.match(size, gpu_ids=gpu_ids, free=free, held=held)
+            if match is None:
+                return None
+            matched.append(match)
+            return match.take
+
+        return assigned
 
     def _split_refusal(self, units_by_gpu: Mapping[DeviceId, int]) -> str:
         """The ``Allocate`` error the kubelet puts in the pod's UnexpectedAdmissionError."""

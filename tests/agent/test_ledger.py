@@ -64,7 +64,8 @@ def test_ledger_holds_capacity_health_and_the_kubelets_allocations() -> None:
     ledger = build_ledger(
         snap, resource=R, id_strategy="uuid", pod_uid=lambda ns, p: uids.get((ns, p))
     )
-    assert ledger.resource == R and ledger.units_per_gpu == 100
+    assert ledger.resource == R
+    assert ledger.units_per_gpu == 100
     g0, g1 = ledger.gpus
     assert (g0.uuid, g0.index, g0.units, g0.healthy, g0.used) == (U0, 0, 100, True, 50)
     assert [(h.pod_uid, h.pod, h.container, h.units) for h in g0.holders] == [
@@ -136,7 +137,7 @@ def test_the_encoded_ledger_stays_under_its_bound_and_keeps_units_exact(
 
 
 def test_a_bound_too_small_for_one_holder_per_gpu_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="raise agent.ledger_max_bytes"):
+    with pytest.raises(ValueError, match=r"raise agent\.ledger_max_bytes"):
         encode_ledger(many_holders(4), max_bytes=100)
 
 
@@ -296,7 +297,7 @@ async def test_a_stale_podresources_read_publishes_nothing(
     env: Env, kube_api: tuple[FakeKubeApi, str]
 ) -> None:
     fake, _ = kube_api
-    import grpc  # noqa: PLC0415
+    import grpc
 
     async with running_pod_resources(env.kubelet_sock) as kubelet:
         kubelet.fail_with = grpc.StatusCode.UNAVAILABLE

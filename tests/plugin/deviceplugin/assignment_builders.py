@@ -47,7 +47,9 @@ def assigned_pod(
         },
         "spec": {
             "nodeName": node,
-            "containers": [{"name": c, "image": "x"} for c, kind, _, _ in containers if kind == "app"],
+            "containers": [
+                {"name": c, "image": "x"} for c, kind, _, _ in containers if kind == "app"
+            ],
         },
         "status": status,
     }

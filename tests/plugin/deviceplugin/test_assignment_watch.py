@@ -48,11 +48,11 @@ async def test_the_watch_fills_the_book_with_this_nodes_pods_only(
     task = asyncio.create_task(watcher.run(), name="watch under test")
     try:
         await wait_until(lambda: pending(book) == ["mine/main"], what="the first list")
-        later = assigned_pod("later", [("main", "app", 20, {G0: 20})], created="2026-11-25T10:05:00Z")
-        fake.put(later)
-        await wait_until(
-            lambda: pending(book) == ["mine/main", "later/main"], what="an added pod"
+        later = assigned_pod(
+            "later", [("main", "app", 20, {G0: 20})], created="2026-11-25T10:05:00Z"
         )
+        fake.put(later)
+        await wait_until(lambda: pending(book) == ["mine/main", "later/main"], what="an added pod")
         admitted = assigned_pod("mine", [("main", "app", 30, {G1: 30})], admitted=True)
         fake.put(admitted)  # the kubelet admitted it: all its devices are allocated
         await wait_until(lambda: pending(book) == ["later/main"], what="an admitted pod")

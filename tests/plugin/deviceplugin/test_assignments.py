@@ -53,7 +53,8 @@ def test_a_container_stops_being_pending_once_allocated_and_the_next_one_is_chos
     book.answered(ids, first.container)
     assert book.allocated(ids, {G1: 30}) == first.container
     second = book.match(30, gpu_ids=IDS, free=[100, 70, 100], held=NONE)
-    assert second is not None and second.container.pod == "b"
+    assert second is not None
+    assert second.container.pod == "b"
 
 
 def test_an_allocation_the_plugin_did_not_answer_is_matched_by_its_counts() -> None:
@@ -62,7 +63,8 @@ def test_an_allocation_the_plugin_did_not_answer_is_matched_by_its_counts() -> N
         assigned_pod("b", [("main", "app", 30, {G2: 30})], created="2026-11-25T10:00:02Z"),
     )
     gone = book.allocated([f"{G2}::{u}" for u in range(30)], {G2: 30})
-    assert gone is not None and gone.pod == "b"
+    assert gone is not None
+    assert gone.pod == "b"
     assert [c.pod for c in book.pending()] == ["a"]
     assert book.allocated([f"{G0}::{u}" for u in range(30)], {G0: 30}) is None  # nobody's
 
@@ -73,7 +75,8 @@ def test_an_assigned_gpu_without_room_is_skipped_for_the_next_candidate_or_none(
         assigned_pod("b", [("main", "app", 30, {G2: 30})], created="2026-11-25T10:00:02Z"),
     )
     match = book.match(30, gpu_ids=IDS, free=[100, 20, 100], held=NONE)
-    assert match is not None and match.container.pod == "b"
+    assert match is not None
+    assert match.container.pod == "b"
     assert book.match(30, gpu_ids=IDS, free=[100, 20, 20], held=NONE) is None
 
 
@@ -86,13 +89,16 @@ def test_reused_units_must_match_must_include() -> None:
     book = book_of(pod, plain)
     # the init container's request: 30, nothing reused
     init = book.match(30, gpu_ids=IDS, free=EMPTY, held=NONE)
-    assert init is not None and init.container.container == "setup"
+    assert init is not None
+    assert init.container.container == "setup"
     # 50 with 30 reused on G1 is "main" of p: 20 more on G1
     main = book.match(50, gpu_ids=IDS, free=[100, 70, 100], held=[0, 30, 0])
-    assert main is not None and (main.container.container, main.take) == ("main", (0, 20, 0))
+    assert main is not None
+    assert (main.container.container, main.take) == ("main", (0, 20, 0))
     # 50 with nothing reused is q's, though p's main is older
     fresh = book.match(50, gpu_ids=IDS, free=EMPTY, held=NONE)
-    assert fresh is not None and fresh.container.pod == "q"
+    assert fresh is not None
+    assert fresh.container.pod == "q"
     # must_include on a GPU the assignment does not name: no match
     assert book.match(50, gpu_ids=IDS, free=EMPTY, held=[0, 0, 30]) is None
 
@@ -107,19 +113,23 @@ def test_the_pod_being_admitted_goes_on_before_older_pods() -> None:
         ),
     )
     first = book.match(30, gpu_ids=IDS, free=EMPTY, held=NONE)
-    assert first is not None and first.container.pod == "two"
+    assert first is not None
+    assert first.container.pod == "two"
     ids = [f"{G1}::{u}" for u in range(30)]
     book.answered(ids, first.container)
     book.allocated(ids, {G1: 30})
     nxt = book.match(20, gpu_ids=IDS, free=[100, 70, 100], held=NONE)
-    assert nxt is not None and (nxt.container.pod, nxt.container.container) == ("two", "b")
+    assert nxt is not None
+    assert (nxt.container.pod, nxt.container.container) == ("two", "b")
 
 
 @pytest.mark.parametrize(
     "change",
     [
         pytest.param({"status": {"phase": "Running"}}, id="running"),
-        pytest.param({"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"}}, id="rejected"),
+        pytest.param(
+            {"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"}}, id="rejected"
+        ),
         pytest.param(
             {"status": {"phase": "Pending", "containerStatuses": [{"name": "main"}]}},
             id="admitted-not-started",
@@ -228,9 +238,11 @@ async def test_must_include_is_kept_with_an_assignment() -> None:
     servicer = servicer_with(book)
     reused = [f"{G1}::{u}" for u in range(30)]
     book.allocated(reused, {G1: 30})  # the init container's Allocate
-    available = reused + [f"{g}::{u}" for g in (G0, G2) for u in range(100)] + [
-        f"{G1}::{u}" for u in range(30, 100)
-    ]
+    available = (
+        reused
+        + [f"{g}::{u}" for g in (G0, G2) for u in range(100)]
+        + [f"{G1}::{u}" for u in range(30, 100)]
+    )
     response = await servicer.GetPreferredAllocation(
         preferred_request(available, 50, reused), FakeContext()
     )

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from plugin._pb import deviceplugin_v1beta1_pb2 as pb
-from plugin.api.config import PluginConfig
+from plugin.api.config import PlacementConfig, PluginConfig
 from plugin.api.resources import ENV_NVIDIA_VISIBLE_DEVICES, ENV_UNITS
 from plugin.deviceplugin.servicer import DevicePluginServicer
 from plugin.gpu.backend import GpuEvent
@@ -113,7 +113,9 @@ async def test_a_split_fraction_is_allocated_or_refused_as_configured(
     caplog: pytest.LogCaptureFixture, allow: bool | None, extender: bool, refused: bool
 ) -> None:
     config = PluginConfig(
-        units_per_gpu=10, allow_split_fraction=allow, placement={"extender": extender}
+        units_per_gpu=10,
+        allow_split_fraction=allow,
+        placement=PlacementConfig(extender=extender),
     )
     servicer, _, _ = make(config)
     whole = [f"{uuid_for(0)}::{u}" for u in range(10)]
