@@ -16,9 +16,13 @@ IDs.
 "Satisfiable" means what the kubelet means: ``len(must_include) <= size <=
 len(available ∪ must_include)``. Such a request always gets an answer even
 when the only answers split a fraction, whatever ``allow_split_fraction``
-says: the kubelet allocates regardless of the hint, and an error here would
-make it fail the pod's admission (``UnexpectedAdmissionError``). The answer
-reports :attr:`Placement.fraction_split` so the caller can warn.
+says: the kubelet allocates regardless of the hint, so whether a split is
+allowed is decided where it can be enforced, at ``Allocate`` (the device
+plugin's servicer). The answer reports :attr:`Placement.fraction_split` so the
+caller can warn.
+
+An optional ``assigned`` hook lets the device plugin answer with the scheduler
+extender's assignment instead of the policy when one fits the request.
 
 Deterministic: the same inputs (in any order) give the same answer.
 """
