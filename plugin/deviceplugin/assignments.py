@@ -171,13 +171,14 @@ class AssignmentBook:
         counts) is no longer pending. Returns it, or None."""
         ids = frozenset(device_ids)
         container = self._answers.pop(ids, None)
-        if container is None or container.pod_uid not in self._pods:
+        if container is None:
             wanted = dict(units_by_gpu)
             container = next(
                 (c for c in self.pending() if c.units == len(ids) and dict(c.gpus) == wanted),
                 None,
             )
-        if container is not None:
+        if container is not None and container.pod_uid in self._pods:
+            # (a pod already gone, e.g. admitted meanwhile, has nothing left to mark)
             self._allocated.add(container.ref)
         return container
 

@@ -249,3 +249,17 @@ async def test_must_include_is_kept_with_an_assignment() -> None:
     ids = list(response.container_responses[0].deviceIDs)
     assert set(reused) <= set(ids)
     assert per_gpu(ids) == {G1: 50}
+
+
+def test_an_answer_for_a_pod_gone_meanwhile_consumes_no_other_pods_assignment() -> None:
+    a = assigned_pod("a", [("main", "app", 30, {G1: 30})], created="2026-11-25T10:00:01Z")
+    b = assigned_pod("b", [("main", "app", 30, {G1: 30})], created="2026-11-25T10:00:02Z")
+    book = book_of(a, b)
+    match = book.match(30, gpu_ids=IDS, free=EMPTY, held=NONE)
+    assert match is not None
+    assert match.container.pod == "a"
+    ids = [f"{G1}::{u}" for u in range(30)]
+    book.answered(ids, match.container)
+    book.apply("DELETED", a)
+    assert book.allocated(ids, {G1: 30}) == match.container
+    assert [c.pod for c in book.pending()] == ["b"]  # b, with the same counts, still waits
