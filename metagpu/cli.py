@@ -40,7 +40,7 @@ COMMAND_MODULES: Final[dict[str, tuple[str, str]]] = {
     ),
     "quota-mirror": ("webhook.cli", "keep a ResourceQuota in metagpu units beside each GPU quota"),
     "certs": ("certs.cli", "generate, bootstrap and inspect the webhook's TLS certificates"),
-    "device-plugin": ("plugin.deviceplugin.cli", "serve meta-devices to the kubelet (v1beta1)"),
+    "device-plugin": ("metagpu.device_plugin", "serve meta-devices to the kubelet (v1beta1)"),
     "agent": ("metagpu.agent", "node agent: usage accounting, enforcement, labels, metrics"),
     "dev": ("metagpu.dev", "the embedded default: webhook + device plugin on simulated GPUs"),
 }

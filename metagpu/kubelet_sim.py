@@ -294,6 +294,68 @@ class KubeletSim:
         conn.allocated.update(chosen)
         return chosen, response.container_responses[0]
 
+    async def admit_pod(
+        self, resource: str, containers: Sequence[tuple[str, str, int]]
+    ) -> list[tuple[str, list[str], Any]]:
+        """Admit a whole pod the kubelet's way (``../shared/KUBELET-FACTS.md`` section 1).
+
+        ``containers`` are ``(name, kind, units)`` in pod order (init containers
+        first; kind ``init``, ``sidecar`` or ``app``). Each container first takes
+        the pod's *reusable* devices (left by regular init containers; sorted
+        here, the kubelet's order is unspecified), then asks
+        ``GetPreferredAllocation`` for its whole size with those in
+        ``must_include`` and the free devices plus them in ``available``, then
+        calls ``Allocate``. A regular init container's devices become reusable;
+        a sidecar's and an app container's leave the reusable set.
+
+        Returns ``(name, ids, ContainerAllocateResponse)`` per container that asked
+        for devices. If ``Allocate`` fails, the pod is rejected (its devices are
+        released) and :class:`KubeletSimError` carries the plugin's message.
+        """
+        conn = self.plugins.get(resource)
+        if conn is None:
+            raise KubeletSimError(f"no device plugin registered for {resource}")
+        reusable: list[str] = []
+        mine: list[str] = []
+        out: list[tuple[str, list[str], Any]] = []
+        for name, kind, units in containers:
+            if units <= 0:
+                continue
+            reused = sorted(reusable)[:units]
+            reusable = [i for i in reusable if i not in reused]
+            chosen = list(reused)
+            if len(chosen) < units:
+                available = [i for i in conn.healthy_ids() if i not in conn.allocated]
+                needed = units - len(chosen)
+                if len(available) < needed:
+                    self.release(resource, mine)
+                    raise KubeletSimError(
+                        f"insufficient {resource}: requested {needed}, available {len(available)}"
+                    )
+                extra = available[:needed]
+                if conn.served_options.get_preferred_allocation_available:
+                    preferred = await conn.client.preferred_allocation(
+                        [*available, *reused], units, must_include=reused
+                    )
+                    picked = [i for i in preferred if i in set(available)]
+                    if set(reused) <= set(preferred) and len(picked) == needed:
+                        extra = picked
+                chosen += extra
+                conn.allocated.update(extra)
+                mine += extra
+            try:
+                response = await conn.client.allocate([chosen])
+            except grpc.aio.AioRpcError as exc:
+                self.release(resource, mine)
+                raise KubeletSimError(
+                    f"UnexpectedAdmissionError: Allocate failed for container {name}: "
+                    f"{exc.details()}"
+                ) from exc
+            if kind == "init":
+                reusable += chosen
+            out.append((name, chosen, response.container_responses[0]))
+        return out
+
     def release(self, resource: str, ids: Sequence[str]) -> None:
         """The container using ``ids`` ended."""
         conn = self.plugins.get(resource)

@@ -317,6 +317,7 @@ read by both DaemonSets. */}}
   "health" (dict "enabled" .Values.plugin.healthChecks)
   "mps" (dict "enabled" .Values.mps.enabled "pipe_directory" .Values.mps.pipeDirectory "container_pipe_directory" .Values.mps.containerPipeDirectory)
   "agent" $agent
+  "placement" (dict "honour_assignments" .Values.plugin.honourAssignments "extender" (dig "scheduler" "enabled" false .Values.AsMap))
 -}}
 {{- include "metagpu.mergeExtraConfig" (dict "base" $config "extra" .Values.plugin.extraConfig "where" "plugin.extraConfig") -}}
 {{- toYaml $config -}}

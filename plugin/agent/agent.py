@@ -57,16 +57,19 @@ from plugin.agent.enforcement import (
 )
 from plugin.agent.events import QueuedEventSink
 from plugin.agent.gpus import open_backend, read_gpus, resolve_owners
-from plugin.agent.kube import ApiOpener, KubeEventSink, NodeLabeler
+from plugin.agent.kube import ApiOpener, KubeEventSink, LedgerPublisher, NodeLabeler
 from plugin.agent.labels import desired_labels
+from plugin.agent.ledger import build_ledger
 from plugin.agent.metrics import AgentMetrics
 from plugin.agent.podresources import PodResourcesClient, PodResourcesError
 from plugin.agent.pods import PodWatcher
 from plugin.agent.probes import ProbeServer, ProbeState
 from plugin.agent.processes import ProcessHandle, open_process
 from plugin.agent.tasks import create_guarded_task, stop_tasks
+from plugin.agent.views import iso_time
 from plugin.api.config import PluginConfig
 from plugin.api.resources import AGENT_SOCKET_NAME
+from plugin.api.scheduling import NodeLedger
 from plugin.gpu.backend import GpuBackend, GpuBackendError
 from plugin.placement.devices import GpuSelectionError, select_gpus
 
@@ -95,6 +98,14 @@ class LabelSink(Protocol):
     async def sync(self, desired: dict[str, str]) -> bool: ...
 
 
+class LedgerSink(Protocol):
+    """The Node's GPU ledger annotation (:class:`plugin.agent.kube.LedgerPublisher`)."""
+
+    async def publish(self, ledger: NodeLedger) -> bool: ...
+
+    async def withdraw(self) -> bool: ...
+
+
 @dataclass
 class CycleResult:
     """What one cycle produced (for tests and the benchmark)."""
@@ -117,6 +128,7 @@ class Agent:
         pods_problem: Callable[[], str | None] = lambda: None,
         events: EventSink | None = None,
         labels: LabelSink | None = None,
+        ledger: LedgerSink | None = None,
         metrics: AgentMetrics | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -129,6 +141,8 @@ class Agent:
         self.index = index if index is not None else PodIndex()
         self.pods_problem = pods_problem
         self.labels = labels
+        self.ledger = ledger
+        self._ledger_withdrawn = False
         self.metrics = metrics or AgentMetrics(backend=backend.kind)
         self.tracker = OverrunTracker()
         self.enforcer = Enforcer(
@@ -177,8 +191,12 @@ class Agent:
         )
         records = await self.enforcer.execute(decisions)
         self.metrics.count(records)
-        if self.labels is not None and not stale & {"gpus", "podresources"}:
-            await self.labels.sync(desired_labels(snapshot))
+        if not stale & {"gpus", "podresources"}:
+            # Both describe what the kubelet allocated: a stale input would
+            # publish yesterday's truth as today's, so they wait for a good read.
+            if self.labels is not None:
+                await self.labels.sync(desired_labels(snapshot))
+            await self._sync_ledger(snapshot)
         self.snapshot = snapshot
         self.last_cycle_at = self._monotonic()
         self.metrics.cycle_seconds.observe(self.last_cycle_at - started)
@@ -188,6 +206,32 @@ class Agent:
             if not waiter.done():
                 waiter.set_result(result)
         return result
+
+    async def _sync_ledger(self, snapshot: Snapshot) -> None:
+        """Publish the ledger (if it changed), or with ``publish_ledger`` off remove
+        the annotation once, so a ledger nobody keeps current steers no scheduler."""
+        if self.ledger is None:
+            return
+        if self.settings.publish_ledger:
+            await self.ledger.publish(self.node_ledger(snapshot))
+        elif not self._ledger_withdrawn:
+            self._ledger_withdrawn = await self.ledger.withdraw()
+
+    def node_ledger(self, snapshot: Snapshot) -> NodeLedger:
+        """The GPU ledger of the first configured resource (the one the extender
+        manages) in ``snapshot``."""
+
+        def uid(namespace: str, pod: str) -> str | None:
+            ref = self.index.pod(namespace, pod)
+            return ref.uid if ref is not None and ref.uid else None
+
+        return build_ledger(
+            snapshot,
+            resource=self._resource_names[0],
+            id_strategy=self.config.device_id_strategy,
+            pod_uid=uid,
+            observed_at=iso_time(snapshot.taken_at),
+        )
 
     def _known_containers(self) -> frozenset[ContainerId]:
         """The indexed container IDs, as a copy the worker thread may read while the pod
@@ -397,7 +441,7 @@ class AgentRuntime:
         metrics = AgentMetrics(
             version=self.version, backend=backend.kind, node=settings.node_name or ""
         )
-        events, labels, pods_problem = await self._start_kube(index)
+        events, labels, ledger, pods_problem = await self._start_kube(index)
         self.agent = Agent(
             self.config,
             backend=backend,
@@ -406,6 +450,7 @@ class AgentRuntime:
             pods_problem=pods_problem,
             events=events,
             labels=labels,
+            ledger=ledger,
             metrics=metrics,
         )
         logger.info(
@@ -458,7 +503,7 @@ class AgentRuntime:
 
     async def _start_kube(
         self, index: PodIndex
-    ) -> tuple[EventSink | None, LabelSink | None, Callable[[], str | None]]:
+    ) -> tuple[EventSink | None, LabelSink | None, LedgerSink | None, Callable[[], str | None]]:
         node = self.settings.node_name
         if node is None:
             logger.warning(
@@ -466,20 +511,21 @@ class AgentRuntime:
                 "Kubernetes API; no pod names, Events or node labels, and only host root can "
                 "use mgctl"
             )
-            return None, None, lambda: "the agent has no node name, so it does not watch pods"
+            return None, None, None, lambda: "the agent has no node name, so it does not watch pods"
         try:
             api, source = await self._stack.enter_async_context(self._open_api())
         except Exception as exc:  # no credentials: degrade, whatever error type says so
             logger.warning("running without the Kubernetes API: %s", exc)
             reason = str(exc)
-            return None, None, lambda: reason
+            return None, None, None, lambda: reason
         logger.info("Kubernetes API credentials loaded", extra={"source": source})
         watcher = PodWatcher(api, node_name=node, index=index)
         self._tasks.append(create_guarded_task(watcher.run(), name="pod watch"))
         labels = NodeLabeler(api, node) if self.settings.label_node else None
         self._events = QueuedEventSink(KubeEventSink(api))
         self._tasks.append(create_guarded_task(self._events.run(), name="event writer"))
-        return self._events, labels, lambda: watcher.error
+        ledger = LedgerPublisher(api, node, max_bytes=self.settings.ledger_max_bytes)
+        return self._events, labels, ledger, lambda: watcher.error
 
     async def _stop(self) -> None:
         # The cycle first (it is tasks[0]: it may still queue Events), then what is

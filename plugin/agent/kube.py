@@ -1,4 +1,4 @@
-"""Adapter: the agent's writes to the Kubernetes API (Events, Node labels).
+"""Adapter: the agent's writes to the Kubernetes API (Events, Node labels, GPU ledger).
 
 Every call here is best effort: the API server being down or refusing (RBAC,
 admission) is logged and the agent keeps accounting, enforcing and serving
@@ -11,39 +11,26 @@ command (:mod:`metagpu.agent`) because no module of plugin may import certs.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeAlias, cast
+from collections.abc import Mapping
+from typing import Any, cast
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from plugin.agent.labels import full_label_patch, label_patch
+from plugin.agent.ledger import encode_ledger, ledger_key
+from plugin.api.scheduling import ANNOTATION_GPU_LEDGER, NodeLedger
+from plugin.kube.errors import (
+    ApiOpener as ApiOpener,  # noqa: PLC0414 - re-exported
+)
+from plugin.kube.errors import (
+    describe_api_error as describe_api_error,  # noqa: PLC0414 - re-exported
+)
 
 logger = logging.getLogger(__name__)
 
-ApiOpener: TypeAlias = Callable[[], AbstractAsyncContextManager[tuple[client.ApiClient, str]]]
-"""Opens an API client with loaded credentials, closed on exit; yields ``(client, source)``.
-
-The shape of :func:`certs.kube.open_api_client` called with no arguments."""
-
 REQUEST_TIMEOUT_S = 10.0
 """One API request may take this long; the cycle is never held up longer."""
-
-
-def describe_api_error(exc: BaseException) -> str:
-    """``403 Forbidden: nodes "n1" is forbidden: ...`` from an ApiException, else ``str()``."""
-    if isinstance(exc, ApiException):
-        message = exc.reason or ""
-        body = exc.body
-        if body:
-            with contextlib.suppress(ValueError, AttributeError):
-                message = json.loads(body).get("message", message)
-        return f"{exc.status} {message}".strip()
-    return f"{type(exc).__name__}: {exc}"
 
 
 class KubeEventSink:
@@ -107,4 +94,65 @@ class NodeLabeler:
         merged = {**(current or {}), **patch}
         self._current = {key: value for key, value in merged.items() if value is not None}
         logger.info("node labels updated", extra={"node": self.node_name, "labels": patch})
+        return True
+
+
+class LedgerPublisher:
+    """Keeps the ``metagpu.io/gpu-ledger`` annotation of one Node equal to the agent's ledger.
+
+    Writes only when the ledger changed (:func:`~plugin.agent.ledger.ledger_key`:
+    everything but its time) since the last successful write, by a merge patch of
+    that one annotation (the ``nodes`` ``patch`` the labels already use; the Node
+    is never read). A failed write is retried at the next cycle.
+    """
+
+    def __init__(self, api: client.ApiClient, node_name: str, *, max_bytes: int) -> None:
+        self._core = client.CoreV1Api(api)
+        self.node_name = node_name
+        self.max_bytes = max_bytes
+        self._written: Any = None
+        """:func:`ledger_key` of the ledger last written; None: unknown."""
+
+    async def publish(self, ledger: NodeLedger) -> bool:
+        """Write ``ledger`` if it changed; True if a patch was sent. Never raises."""
+        key = ledger_key(ledger)
+        if key == self._written:
+            return False
+        try:
+            text = encode_ledger(ledger, max_bytes=self.max_bytes)
+        except ValueError as exc:
+            logger.error("%s", exc, extra={"node": self.node_name})
+            return False
+        if not await self._patch(text, what="GPU ledger"):
+            self._written = None
+            return False
+        self._written = key
+        logger.info(
+            "GPU ledger updated",
+            extra={"node": self.node_name, "gpus": len(ledger.gpus), "bytes": len(text)},
+        )
+        return True
+
+    async def withdraw(self) -> bool:
+        """Remove the annotation (publishing is turned off): a ledger nobody keeps
+        current must not go on steering the extender. Never raises."""
+        self._written = None
+        return await self._patch(None, what="GPU ledger removal")
+
+    async def _patch(self, value: str | None, *, what: str) -> bool:
+        body = {"metadata": {"annotations": {ANNOTATION_GPU_LEDGER: value}}}
+        options: dict[str, Any] = {
+            "_content_type": "application/merge-patch+json",
+            "_request_timeout": REQUEST_TIMEOUT_S,
+        }
+        try:
+            await self._core.patch_node(self.node_name, body, **options)
+        except Exception as exc:
+            logger.warning(
+                "could not write the %s: %s",
+                what,
+                describe_api_error(exc),
+                extra={"node": self.node_name},
+            )
+            return False
         return True

@@ -1,172 +1,44 @@
 """Adapter: a watch on the pods of THIS node, feeding :class:`~plugin.agent.containers.PodIndex`.
 
-``LIST`` then ``WATCH`` on ``/api/v1/pods?fieldSelector=spec.nodeName=<node>``
-(the API server filters, so a 5,000-pod cluster costs this agent only its own
-node's pods), resumed from the last resourceVersion when a watch ends, and
-re-listed on ``410 Gone``. Failures are logged with a capped exponential
-backoff; meanwhile the index keeps what it knew, because a container ID never
-changes owner, and :attr:`PodWatcher.error` says why the data may be stale.
-
-Objects are handled as plain JSON dicts (``_preload_content=False``): the
-index reads four fields, and building full ``V1Pod`` models for every event
-would cost more than everything else the agent does per cycle.
+The watch itself (LIST then WATCH with ``fieldSelector=spec.nodeName=<node>``,
+resume, 410 re-list, capped backoff) is :class:`plugin.kube.node_pods.NodePodWatcher`,
+shared with the device plugin; this module binds it to the agent's index.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import logging
-from typing import Any, Final, cast
+from typing import Final
 
-import aiohttp
 from kubernetes_asyncio import client
 
 from plugin.agent.containers import PodIndex
-from plugin.agent.kube import describe_api_error
+from plugin.kube import node_pods
+from plugin.kube.node_pods import (
+    BACKOFF_INITIAL_S as BACKOFF_INITIAL_S,  # noqa: PLC0414 - re-exported
+)
+from plugin.kube.node_pods import (
+    BACKOFF_MAX_S as BACKOFF_MAX_S,  # noqa: PLC0414 - re-exported
+)
+from plugin.kube.node_pods import (
+    LIST_TIMEOUT_S as LIST_TIMEOUT_S,  # noqa: PLC0414 - re-exported
+)
+from plugin.kube.node_pods import (
+    NodePodWatcher,
+)
+from plugin.kube.node_pods import (
+    WatchError as WatchError,  # noqa: PLC0414 - re-exported
+)
+from plugin.kube.node_pods import (
+    WatchExpiredError as WatchExpiredError,  # noqa: PLC0414 - re-exported
+)
 
-logger = logging.getLogger(__name__)
-
-WATCH_TIMEOUT_S: Final = 300
-"""Server-side watch timeout; the watch is simply resumed. Bounds how long a
-half-dead connection can go unnoticed."""
-LIST_TIMEOUT_S: Final = 30.0
-BACKOFF_INITIAL_S: Final = 0.5
-BACKOFF_MAX_S: Final = 30.0
+WATCH_TIMEOUT_S: Final[int] = node_pods.WATCH_TIMEOUT_S
+"""Server-side watch timeout; read when a watcher is made (tests shorten it)."""
 
 
-class WatchExpiredError(Exception):
-    """The API server compacted the resourceVersion we resumed from (410 Gone)."""
-
-
-class PodWatcher:
+class PodWatcher(NodePodWatcher):
     """Keeps ``index`` equal to the pods bound to ``node_name``. Run :meth:`run` as a task."""
 
     def __init__(self, api: client.ApiClient, *, node_name: str, index: PodIndex) -> None:
-        self._core = client.CoreV1Api(api)
-        self.node_name = node_name
+        super().__init__(api, node_name=node_name, sink=index, watch_timeout_s=WATCH_TIMEOUT_S)
         self.index = index
-        self.synced = asyncio.Event()
-        """Set once the first LIST has been applied."""
-        self.error: str | None = "not listed yet"
-        """Why the index may be stale, or None while the watch is healthy."""
-        self._backoff_s = BACKOFF_INITIAL_S
-
-    @property
-    def selector(self) -> str:
-        return f"spec.nodeName={self.node_name}"
-
-    async def run(self) -> None:
-        """List and watch forever; returns only when cancelled."""
-        resource_version: str | None = None
-        while True:
-            try:
-                if resource_version is None:
-                    resource_version = await self._list()
-                resource_version = await self._watch(resource_version)
-            except asyncio.CancelledError:
-                raise
-            except WatchExpiredError:
-                logger.info("pod watch expired (410 Gone); listing again")
-                resource_version = None
-            except Exception as exc:
-                self.error = describe_api_error(exc)
-                logger.warning(
-                    "pod watch failed, retrying in %.1f s: %s",
-                    self._backoff_s,
-                    self.error,
-                    extra={"node": self.node_name},
-                )
-                await asyncio.sleep(self._backoff_s)
-                self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
-
-    def _healthy(self) -> None:
-        """A list or watch request succeeded: the index is current again (a watch
-        resumed from its resourceVersion misses nothing), and the next failure
-        starts the backoff afresh."""
-        if self.error is not None and self.synced.is_set():
-            logger.info("pod watch recovered", extra={"node": self.node_name})
-        self.error = None
-        self._backoff_s = BACKOFF_INITIAL_S
-
-    async def _list(self) -> str:
-        resp = _raw(
-            await self._core.list_pod_for_all_namespaces(
-                field_selector=self.selector,
-                _preload_content=False,
-                _request_timeout=LIST_TIMEOUT_S,
-            )
-        )
-        try:
-            body = await _read_json(resp)
-        finally:
-            resp.release()
-        items = body.get("items") or []
-        self.index.replace(items)
-        self._healthy()
-        if not self.synced.is_set():
-            logger.info("pod index synced", extra={"node": self.node_name, "pods": len(self.index)})
-        self.synced.set()
-        return str((body.get("metadata") or {}).get("resourceVersion") or "")
-
-    async def _watch(self, resource_version: str) -> str:
-        """Apply events until the server ends the watch; returns the last resourceVersion."""
-        resp = _raw(
-            await self._core.list_pod_for_all_namespaces(
-                field_selector=self.selector,
-                watch=True,
-                allow_watch_bookmarks=True,
-                resource_version=resource_version,
-                timeout_seconds=WATCH_TIMEOUT_S,
-                _preload_content=False,
-                _request_timeout=(LIST_TIMEOUT_S, WATCH_TIMEOUT_S + 30),
-            )
-        )
-        try:
-            if resp.status == 410:
-                raise WatchExpiredError()
-            if resp.status != 200:
-                await _read_json(resp)  # raises with the API's message
-            self._healthy()
-            while True:
-                line = await resp.content.readline()
-                if not line:
-                    return resource_version
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                etype = event.get("type")
-                obj: dict[str, Any] = event.get("object") or {}
-                if etype == "ERROR":
-                    if obj.get("code") == 410:
-                        raise WatchExpiredError()
-                    raise WatchError(f"{obj.get('code')} {obj.get('message')}")
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
-                if rv:
-                    resource_version = str(rv)
-                if etype in ("ADDED", "MODIFIED", "DELETED"):
-                    self.index.apply(etype, obj)
-        finally:
-            resp.release()
-
-
-class WatchError(Exception):
-    """The API server ended a watch with an error event."""
-
-
-def _raw(response: object) -> aiohttp.ClientResponse:
-    """With ``_preload_content=False`` the generated client returns the aiohttp response
-    (its annotations say otherwise)."""
-    return cast(aiohttp.ClientResponse, response)
-
-
-async def _read_json(resp: aiohttp.ClientResponse) -> dict[str, Any]:
-    raw = await resp.read()
-    if not 200 <= resp.status <= 299:
-        message = raw[:300].decode("utf-8", "replace")
-        with contextlib.suppress(ValueError, AttributeError):
-            message = json.loads(raw).get("message", message)
-        raise WatchError(f"{resp.status} {message}")
-    data: dict[str, Any] = json.loads(raw)
-    return data

@@ -106,6 +106,19 @@ class AgentConfig(StrictModel):
     largest free units) up to date. Needs ``nodes`` get/patch; turn off when another
     tool owns node labels."""
 
+    publish_ledger: bool = True
+    """Publish the node's GPU ledger (every GPU of the first configured resource:
+    capacity, health, and the units each container holds, from PodResources) in
+    the Node annotation ``metagpu.io/gpu-ledger``, for the scheduler extender.
+    Written only when it changes, at most once a cycle (``interval_s``), with the
+    ``nodes`` patch the labels use. Off: the agent removes the annotation once at
+    start, so no stale ledger steers the extender."""
+
+    ledger_max_bytes: int = Field(default=64 * 1024, ge=1024, le=200 * 1024)
+    """Upper bound of the ledger annotation, in bytes. 64 KiB (a quarter of the
+    256 KiB an object's annotations may take) holds about 400 holders; past it
+    holders are merged per pod, then into one per GPU (units stay exact)."""
+
     install_mgctl: bool = True
     """Copy the stdlib-only ``mgctl`` program into ``socket_dir`` at start-up, so every
     metagpu container can run ``/var/run/metagpu/mgctl`` without it in its image."""

@@ -174,6 +174,28 @@ class MpsConfig(StrictModel):
         return value
 
 
+class PlacementConfig(StrictModel):
+    """GPU-aware scheduling: honouring the scheduler extender's assignments (issue 14).
+
+    See docs/device-plugin.md, "Assignments from the scheduler extender"."""
+
+    extender: bool = False
+    """The cluster schedules metagpu pods through the scheduler extender
+    (``metagpu-scheduler``); the chart sets it when it deploys that scheduler.
+    With it, an allocation that would still split a fraction (a stale ledger)
+    fails closed unless ``allow_split_fraction`` says otherwise."""
+
+    honour_assignments: bool = True
+    """Watch the pods bound to this node (``spec.nodeName``) and answer
+    ``GetPreferredAllocation`` with the GPUs the extender assigned
+    (``metagpu.io/assigned-gpus``). Needs ``pods`` list/watch and ``node_name``;
+    without them (or off) the plugin places with ``allocation_policy`` alone."""
+
+    node_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """This node's name, for the pod watch. The chart sets it from the downward
+    API; the ``NODE_NAME`` env var is the fallback."""
+
+
 class PluginConfig(StrictModel):
     """Everything the device plugin (and, under ``agent``, the node agent) can be told."""
 
@@ -191,12 +213,16 @@ class PluginConfig(StrictModel):
     GPU that fits (keeps whole GPUs free for big requests), ``spread`` on the
     emptiest (less contention per GPU)."""
 
-    allow_split_fraction: bool = False
-    """Whether a fractional share spread over two or more GPUs is an expected
-    outcome. The plugin always keeps a fraction on one GPU when any GPU can
-    hold it; when none can, the kubelet allocates a split anyway (failing the
-    request would fail the pod's admission), and this decides whether that is
-    logged as routine (true) or as a fragmentation warning (false)."""
+    allow_split_fraction: bool | None = None
+    """Whether ``Allocate`` may give a container a fraction spread over two or
+    more GPUs. The plugin always keeps a fraction on one GPU when any GPU can
+    hold it; when none can, ``true`` allocates the split (logged), ``false``
+    fails the allocation with a message naming the GPUs and units (the pod
+    fails admission instead of running on two fragments; a controller
+    recreates it), and unset (the default) means ``false`` when
+    ``placement.extender`` is on and ``true`` otherwise: with the extender a
+    split can only come from a stale ledger, without it refusing would fail
+    every pod that lands on a fragmented node."""
 
     device_id_strategy: DeviceIdStrategy = "uuid"
     """How GPUs are named to the container runtime: ``uuid`` (stable across
@@ -227,6 +253,16 @@ class PluginConfig(StrictModel):
 
     agent: AgentConfig = Field(default_factory=AgentConfig)
     """Node agent settings (``metagpu agent``)."""
+
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    """Honouring the scheduler extender's GPU assignments."""
+
+    @property
+    def refuses_split_fraction(self) -> bool:
+        """``Allocate`` fails closed on a split fraction (``allow_split_fraction``)."""
+        if self.allow_split_fraction is None:
+            return self.placement.extender
+        return not self.allow_split_fraction
 
     @model_validator(mode="after")
     def _resources_disjoint(self) -> PluginConfig:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Final, get_args
+from typing import Any, Final, get_args
 
 from plugin.api.commands import (
     Command,
@@ -112,18 +114,29 @@ def config_flags(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+NODE_NAME_ENV: Final = "NODE_NAME"
+"""The downward-API variable the chart sets; fallback for ``placement.node_name``."""
+
+OpenApi = Callable[[], AbstractAsyncContextManager[tuple[Any, str]]]
+"""``certs.kube.open_api_client`` with no arguments (:data:`plugin.kube.errors.ApiOpener`),
+typed loosely here so this module stays light."""
+
+
 def load(args: argparse.Namespace) -> PluginConfig:
     """The effective config now (re-run on SIGHUP). Raises ConfigError."""
-    return load_config(
-        PluginConfig,
-        file=args.config,
-        env=os.environ,
-        env_prefix=ENV_PREFIX,
-        flags=config_flags(args),
+    flags = config_flags(args)
+    config = load_config(
+        PluginConfig, file=args.config, env=os.environ, env_prefix=ENV_PREFIX, flags=flags
     )
+    if config.placement.node_name is None and os.environ.get(NODE_NAME_ENV):
+        flags["placement.node_name"] = os.environ[NODE_NAME_ENV]
+        config = load_config(
+            PluginConfig, file=args.config, env=os.environ, env_prefix=ENV_PREFIX, flags=flags
+        )
+    return config
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, open_api: OpenApi | None = None) -> int:
     config = load(args)  # a bad config fails here: exit 2 via the dispatcher
     if args.print_config:
         return print_config(config)
@@ -133,16 +146,26 @@ def run(args: argparse.Namespace) -> int:
 
     from plugin.deviceplugin.supervisor import Supervisor  # noqa: PLC0415
 
-    supervisor = Supervisor(lambda: load(args), config=config)
+    supervisor = Supervisor(lambda: load(args), config=config, open_api=open_api)
     return asyncio.run(supervisor.run())
 
 
-COMMANDS: Final = (
-    Command(
+def device_plugin_command(*, open_api: OpenApi | None) -> Command:
+    """The ``device-plugin`` command; ``open_api`` opens the Kubernetes API for the
+    pod watch that honours the scheduler extender's assignments (None: no API)."""
+
+    def run_plugin(args: argparse.Namespace) -> int:
+        return run(args, open_api=open_api)
+
+    return Command(
         name="device-plugin",
         help="serve meta-devices to the kubelet (v1beta1)",
         description=DESCRIPTION,
         add_arguments=add_arguments,
-        run=run,
-    ),
-)
+        run=run_plugin,
+    )
+
+
+COMMANDS: Final = (device_plugin_command(open_api=None),)
+"""Without the Kubernetes API; ``metagpu device-plugin`` (:mod:`metagpu.device_plugin`)
+hands in the credentials loader."""

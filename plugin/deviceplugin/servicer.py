@@ -7,6 +7,12 @@ core types (:mod:`plugin.placement.devices`, :mod:`plugin.placement.allocation`,
 shows that message in the pod's ``UnexpectedAdmissionError`` event, so it
 must say what was wrong.
 
+``GetPreferredAllocation`` answers with the scheduler extender's assignment
+when the :class:`~plugin.deviceplugin.assignments.AssignmentBook` has one that
+fits the request, else with the placement policy. ``Allocate`` fails closed
+(``FAILED_PRECONDITION``, nothing allocated) when a container would get a
+fraction split over GPUs and :attr:`PluginConfig.refuses_split_fraction`.
+
 Unhealthy meta-devices in ``Allocate`` are accepted with a warning, as NVIDIA
 does: the kubelet never picks an unhealthy device for a new container, so
 this only happens when a GPU failed between the kubelet's choice and the call;
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import grpc
@@ -26,9 +32,10 @@ import grpc
 from plugin._pb import deviceplugin_v1beta1_pb2 as pb
 from plugin.api.config import PluginConfig
 from plugin.api.resources import DeviceId
+from plugin.deviceplugin.assignments import AssignmentBook, Match
 from plugin.deviceplugin.container_spec import build_container_spec
 from plugin.gpu.health_monitor import HealthBoard
-from plugin.placement.allocation import preferred_allocation
+from plugin.placement.allocation import AssignedCounts, preferred_allocation
 from plugin.placement.devices import HEALTHY, UNHEALTHY, DeviceError, DeviceTable, MetaDevice
 from plugin.placement.units import is_fraction_split
 
@@ -55,8 +62,11 @@ class DevicePluginServicer:
         config: PluginConfig,
         board: HealthBoard,
         stop: asyncio.Event,
+        book: AssignmentBook | None = None,
     ) -> None:
         self._table = table
+        self._book = book
+        self._gpu_ids = [str(g.device_id) for g in table.gpus]
         self._config = config
         self._board = board
         self._stop = stop
@@ -110,17 +120,29 @@ class DevicePluginServicer:
     async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:  # noqa: N802
         response = pb.PreferredAllocationResponse()
         for creq in request.container_requests:
+            size = creq.allocation_size
+            matched: list[Match] = []
             try:
                 placement = preferred_allocation(
                     creq.available_deviceIDs,
                     creq.must_include_deviceIDs,
-                    creq.allocation_size,
+                    size,
                     table=self._table,
                     policy=self._config.allocation_policy,
+                    assigned=self._assignment_hook(size, matched),
                 )
             except DeviceError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                 raise  # unreachable: abort raises
+            if self._book is not None and matched and placement.assigned:
+                self._book.answered(placement.ids, matched[0].container)
+                logger.info(
+                    "preferred allocation of %d unit(s) follows the assignment of %s: %s",
+                    size,
+                    matched[0].container,
+                    ", ".join(f"{gpu}×{n}" for gpu, n in placement.units_by_gpu.items()),
+                    extra={"resource": self._table.resource},
+                )
             self._note_split(
                 placement.units_by_gpu,
                 split=placement.fraction_split,
@@ -143,10 +165,21 @@ class DevicePluginServicer:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                 raise  # unreachable: abort raises
         sick = self._board.snapshot().unhealthy
+        specs = [build_container_spec(devices, config=self._config) for devices in containers]
+        if self._config.refuses_split_fraction:
+            for spec in specs:
+                units_by_gpu = {s.gpu.device_id: s.units for s in spec.shares}
+                if is_fraction_split(
+                    units_by_gpu.values(), units_per_gpu=self._table.units_per_gpu
+                ):
+                    await context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION, self._split_refusal(units_by_gpu)
+                    )
         response = pb.AllocateResponse()
-        for devices in containers:
-            spec = build_container_spec(devices, config=self._config)
+        for creq, devices, spec in zip(request.container_requests, containers, specs, strict=True):
             units_by_gpu = {s.gpu.device_id: s.units for s in spec.shares}
+            if self._book is not None:
+                self._book.allocated(creq.devices_ids, {str(g): n for g, n in units_by_gpu.items()})
             bad = sorted(s.gpu.uuid for s in spec.shares if s.gpu.uuid in sick)
             if bad:
                 logger.warning(
@@ -204,16 +237,52 @@ class DevicePluginServicer:
             self._listing_cache[sick] = cached
         return cached
 
+    def _assignment_hook(self, size: int, matched: list[Match]) -> AssignedCounts | None:
+        """The ``assigned`` hook of :func:`preferred_allocation`: the book's match for a
+        request of ``size`` units (appended to ``matched``), or None without a book."""
+        book = self._book
+        if book is None:
+            return None
+        gpu_ids = self._gpu_ids
+
+        def assigned(free: Sequence[int], held: Sequence[int]) -> Sequence[int] | None:
+            match = book.match(size, gpu_ids=gpu_ids, free=free, held=held)
+            if match is None:
+                return None
+            matched.append(match)
+            return match.take
+
+        return assigned
+
+    def _split_refusal(self, units_by_gpu: Mapping[DeviceId, int]) -> str:
+        """The ``Allocate`` error the kubelet puts in the pod's UnexpectedAdmissionError."""
+        units = self._table.units_per_gpu
+        total = sum(units_by_gpu.values())
+        where = " + ".join(f"{n} on GPU {gpu}" for gpu, n in units_by_gpu.items())
+        why = (
+            "the scheduler extender's view of this node was stale"
+            if self._config.placement.extender
+            else "no single GPU had enough free units (the node is fragmented)"
+        )
+        message = (
+            f"refusing to split a fraction across GPUs: {total} {self._table.resource} "
+            f"units ({total / units:g} GPU) would be {where}, not one GPU; {why}. The pod "
+            "is refused so that it is retried instead of running on GPU fragments "
+            "(allow_split_fraction: true allows such splits)"
+        )
+        logger.warning(message, extra={"resource": self._table.resource})
+        return message
+
     def _note_split(self, units_by_gpu: Mapping[DeviceId, int], *, split: bool, stage: str) -> None:
         if not split:
             return
         where = ", ".join(f"{gpu}×{n}" for gpu, n in units_by_gpu.items())
-        if self._config.allow_split_fraction:
+        if not self._config.refuses_split_fraction:
             logger.info("%s splits a fraction across GPUs: %s", stage, where)
         else:
             logger.warning(
                 "%s splits a fraction across GPUs (%s): no single GPU has enough free units; "
-                "the node is fragmented (allow_split_fraction is false)",
+                "the node is fragmented (Allocate will refuse it: allow_split_fraction)",
                 stage,
                 where,
                 extra={"resource": self._table.resource},

@@ -29,6 +29,11 @@ stays sick across any restart.
 
 With no GPUs to advertise it logs that and waits (for signals); it does not
 exit, so a DaemonSet on a GPU-less node does not crash-loop.
+
+The scheduler extender's assignments (:class:`~plugin.deviceplugin.assignments.AssignmentBook`)
+outlive restarts too: the pod watch that fills the book starts once, with the
+first config (``placement``), when the Kubernetes API can be opened; without
+it the plugin places with its own policy, as before, and says so once.
 """
 
 from __future__ import annotations
@@ -40,13 +45,15 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from plugin.api.config import PluginConfig
 from plugin.api.resources import ResourceName
 from plugin.api.settings import ConfigError
+from plugin.deviceplugin.assignments import AssignmentBook
 from plugin.deviceplugin.inotify import DirectoryWatcher, DirEvent
 from plugin.deviceplugin.server import KUBELET_SOCKET_NAME, PluginServer, PluginServerError
 from plugin.deviceplugin.servicer import DevicePluginServicer
@@ -61,6 +68,9 @@ from plugin.placement.devices import (
     ResourceSelection,
     select_gpus,
 )
+
+if TYPE_CHECKING:
+    from plugin.kube.errors import ApiOpener
 
 # The name it had before plugin/ was split by concern: log lines (text and JSON
 # show the logger) and any logging config that names it stay as they were.
@@ -113,8 +123,15 @@ class Supervisor:
         settle_s: float = 0.05,
         register_timeout_s: float = 5.0,
         stop_grace_s: float = 1.0,
+        open_api: ApiOpener | None = None,
     ) -> None:
+        """``open_api`` opens the Kubernetes API for the pod watch (None: no API,
+        the placement policy alone decides, as without the extender)."""
         self._load = load
+        self._open_api = open_api
+        self.book = AssignmentBook()
+        """The extender's assignments of this node's pods; outlives every restart."""
+        self._assignments = AsyncExitStack()
         self._initial = config
         self._backend_factory = backend_factory
         self.retry_interval_s = retry_interval_s
@@ -177,6 +194,7 @@ class Supervisor:
             config = self._initial or self._load()
             backend = await self._open_first_backend(config)
             self.board = HealthBoard(_policy(config))
+            await self._watch_assignments(config)
             self._node = await self._start_node(config, backend)
             while True:
                 outcome = await self._serve_until_reload()
@@ -198,6 +216,7 @@ class Supervisor:
         finally:
             await self._stop_serving()
             await self._stop_node()
+            await self._assignments.aclose()
             if self._retiring:
                 await asyncio.gather(*self._retiring, return_exceptions=True)
             self.state = "stopped"
@@ -316,6 +335,40 @@ class Supervisor:
             await asyncio.to_thread(_close_quietly, backend)
             return None
         return config, backend
+
+    # ------------------------------------------------------ assignment book
+    async def _watch_assignments(self, config: PluginConfig) -> None:
+        """Start the pod watch that fills :attr:`book`, or say once why there is none."""
+        placement = config.placement
+        why: str | None = None
+        if not placement.honour_assignments:
+            why = "placement.honour_assignments is false"
+        elif placement.node_name is None:
+            why = "no node name (set NODE_NAME from the downward API)"
+        elif self._open_api is None:
+            why = "no Kubernetes API client"
+        else:
+            try:
+                api, source = await self._assignments.enter_async_context(self._open_api())
+            except Exception as exc:  # no credentials: degrade, whatever error type says so
+                why = f"the Kubernetes API cannot be opened: {exc}"
+            else:
+                from plugin.kube.node_pods import NodePodWatcher  # noqa: PLC0415 - aiohttp
+
+                watcher = NodePodWatcher(api, node_name=placement.node_name, sink=self.book)
+                task = asyncio.create_task(watcher.run(), name="assignment pod watch")
+                self._assignments.push_async_callback(_cancel, task)
+                logger.info(
+                    "honouring the scheduler extender's GPU assignments of pods on %s",
+                    placement.node_name,
+                    extra={"source": source},
+                )
+                return
+        logger.info(
+            "not watching pods for GPU assignments (%s): GetPreferredAllocation places "
+            "with allocation_policy alone",
+            why,
+        )
 
     # ----------------------------------------------------------- node layer
     async def _open_first_backend(self, config: PluginConfig) -> GpuBackend:
@@ -461,7 +514,9 @@ class Supervisor:
         assert self.board is not None
         resource = next(r for r in config.resources if r.name == table.resource)
         stop = asyncio.Event()
-        servicer = DevicePluginServicer(table=table, config=config, board=self.board, stop=stop)
+        servicer = DevicePluginServicer(
+            table=table, config=config, board=self.board, stop=stop, book=self.book
+        )
         server = PluginServer(
             servicer,
             resource=table.resource,
@@ -527,6 +582,12 @@ class _DirectoryWatch:
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             await watcher.close()
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _dir_identity(directory: Path) -> tuple[int, int] | None:

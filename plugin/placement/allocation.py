@@ -16,16 +16,20 @@ IDs.
 "Satisfiable" means what the kubelet means: ``len(must_include) <= size <=
 len(available ∪ must_include)``. Such a request always gets an answer even
 when the only answers split a fraction, whatever ``allow_split_fraction``
-says: the kubelet allocates regardless of the hint, and an error here would
-make it fail the pod's admission (``UnexpectedAdmissionError``). The answer
-reports :attr:`Placement.fraction_split` so the caller can warn.
+says: the kubelet allocates regardless of the hint, so whether a split is
+allowed is decided where it can be enforced, at ``Allocate`` (the device
+plugin's servicer). The answer reports :attr:`Placement.fraction_split` so the
+caller can warn.
+
+An optional ``assigned`` hook lets the device plugin answer with the scheduler
+extender's assignment instead of the policy when one fits the request.
 
 Deterministic: the same inputs (in any order) give the same answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +56,14 @@ class Placement:
     """Units taken from each GPU, in GPU order."""
     fraction_split: bool
     """More than one GPU holds a partial share: the fraction is split."""
+    assigned: bool = False
+    """The counts came from the ``assigned`` hook (the extender's assignment),
+    not from the placement policy."""
+
+
+AssignedCounts = Callable[[Sequence[int], Sequence[int]], Sequence[int] | None]
+"""``(free, must_on) -> take`` per GPU (table order), or None: the device plugin's
+hook that answers with the scheduler extender's assignment when one matches."""
 
 
 def preferred_allocation(
@@ -61,8 +73,14 @@ def preferred_allocation(
     *,
     table: DeviceTable,
     policy: AllocationPolicy,
+    assigned: AssignedCounts | None = None,
 ) -> Placement:
     """Choose exactly ``size`` meta-devices from ``available ∪ must_include``.
+
+    ``assigned`` is asked first with the request's per-GPU counts (free units,
+    units already in ``must_include``); counts it returns are used when they
+    are valid for this request (each within the GPU's free units, ``size`` in
+    all), else the policy decides (:func:`~plugin.placement.units.place_units`).
 
     Raises :class:`UnknownDeviceError` for an ID not in ``table`` and
     :class:`AllocationError` for an unsatisfiable request.
@@ -100,6 +118,15 @@ def preferred_allocation(
             f"allocation_size {size} is more than the {candidates} devices available"
         )
 
+    if assigned is not None:
+        given = assigned(free, must_on)
+        if given is not None and _valid_take(given, free=free, held=must_on, size=size):
+            placement = _materialise(
+                table, take=given, must_units=must_units, pool_by_gpu=pool_by_gpu
+            )
+            return Placement(
+                placement.ids, placement.units_by_gpu, placement.fraction_split, assigned=True
+            )
     take = place_units(
         free,
         must_on,
@@ -109,6 +136,16 @@ def preferred_allocation(
         policy=policy,
     )
     return _materialise(table, take=take, must_units=must_units, pool_by_gpu=pool_by_gpu)
+
+
+def _valid_take(
+    take: Sequence[int], *, free: Sequence[int], held: Sequence[int], size: int
+) -> bool:
+    return (
+        len(take) == len(free)
+        and all(0 <= t <= f for t, f in zip(take, free, strict=True))
+        and sum(take) + sum(held) == size
+    )
 
 
 def _rows(ids: Sequence[str], table: DeviceTable) -> npt.NDArray[np.intp]:

@@ -53,6 +53,8 @@ def test_defaults(capsys: pytest.CaptureFixture[str]) -> None:
         "metrics_listen": "0.0.0.0:9400",
         "proc_root": "/proc",
         "label_node": True,
+        "publish_ledger": True,
+        "ledger_max_bytes": 65536,
         "install_mgctl": True,
     }
 

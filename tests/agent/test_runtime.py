@@ -126,7 +126,12 @@ def labels(fake: FakeKubeApi) -> dict[str, str]:
 
 
 def label_patches(fake: FakeKubeApi) -> int:
-    return sum(1 for r in fake.requests if r.resource == "nodes" and r.verb == "patch")
+    """Patches of the Node's labels (the GPU ledger annotation is written apart)."""
+    return sum(
+        1
+        for r in fake.requests
+        if r.resource == "nodes" and r.verb == "patch" and "labels" in r.body["metadata"]
+    )
 
 
 async def test_agent_end_to_end(env: Env) -> None:

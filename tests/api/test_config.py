@@ -22,7 +22,7 @@ def test_defaults_are_the_chart_contract() -> None:
         "units_per_gpu": 100,
         "resources": [{"name": "cnvrg.io/metagpu", "gpus": "all"}],
         "allocation_policy": "binpack",
-        "allow_split_fraction": False,
+        "allow_split_fraction": None,
         "device_id_strategy": "uuid",
         "device_list_strategy": "envvar",
         "device_plugins_dir": "/var/lib/kubelet/device-plugins",
@@ -39,7 +39,24 @@ def test_defaults_are_the_chart_contract() -> None:
             "pipe_directory": "/tmp/nvidia-mps",
             "container_pipe_directory": "/tmp/nvidia-mps",
         },
+        "placement": {"extender": False, "honour_assignments": True, "node_name": None},
     }
+
+
+@pytest.mark.parametrize(
+    ("allow", "extender", "refuses"),
+    [
+        pytest.param(None, False, False, id="unset-without-extender"),
+        pytest.param(None, True, True, id="unset-with-extender"),
+        pytest.param(False, False, True, id="false"),
+        pytest.param(True, True, False, id="true"),
+    ],
+)
+def test_split_fractions_are_refused_as_allow_split_fraction_and_the_extender_say(
+    allow: bool | None, extender: bool, refuses: bool
+) -> None:
+    config = PluginConfig(allow_split_fraction=allow, placement={"extender": extender})  # type: ignore[arg-type]
+    assert config.refuses_split_fraction is refuses
 
 
 def test_env_var_names_cover_nested_fields() -> None:

@@ -82,6 +82,16 @@ def review(
 BASE = {"kubernetes.io/hostname": "node-a", "metagpu.io/gpu-count": "2"}
 
 
+def ledger_node(ledger: str, *, other: str | None = None) -> dict[str, Any]:
+    """A Node carrying the agent's GPU ledger annotation (and maybe someone else's)."""
+    obj = node(BASE)
+    notes = {"metagpu.io/gpu-ledger": ledger}
+    if other is not None:
+        notes["example.com/note"] = other
+    obj["metadata"]["annotations"] = notes
+    return obj
+
+
 @pytest.mark.parametrize(
     ("old", "new", "kw", "expected"),
     [
@@ -118,8 +128,43 @@ BASE = {"kubernetes.io/hostname": "node-a", "metagpu.io/gpu-count": "2"}
             node(BASE),
             node(BASE, spec={"unschedulable": True}),
             {},
-            ["the metagpu agent may not change a Node's spec or annotations"],
+            ["the metagpu agent may not change a Node's spec"],
             id="cordons",
+        ),
+        pytest.param(
+            node(BASE, **{}),
+            ledger_node('{"v": 1}'),
+            {},
+            [],
+            id="agent-writes-its-ledger",
+        ),
+        pytest.param(
+            ledger_node('{"v": 1}'),
+            ledger_node('{"v": 2}'),
+            {},
+            [],
+            id="agent-updates-its-ledger",
+        ),
+        pytest.param(
+            ledger_node('{"v": 1}'),
+            node(BASE),
+            {},
+            [],
+            id="agent-removes-its-ledger",
+        ),
+        pytest.param(
+            ledger_node('{"v": 1}'),
+            ledger_node('{"v": 1}', other="x"),
+            {},
+            ["the metagpu agent may change only the metagpu.io/gpu-ledger annotation"],
+            id="adds-another-annotation",
+        ),
+        pytest.param(
+            ledger_node('{"v": 1}', other="x"),
+            ledger_node('{"v": 1}'),
+            {},
+            ["the metagpu agent may change only the metagpu.io/gpu-ledger annotation"],
+            id="removes-another-annotation",
         ),
         pytest.param(
             node(BASE),

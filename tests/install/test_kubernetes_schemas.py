@@ -322,7 +322,8 @@ def test_each_gpu_node_pod_has_its_own_scc_granting_exactly_what_it_uses(
         assert (scc["allowHostPID"], scc["allowedCapabilities"]) == (True, ["KILL"])
     else:
         assert (scc["allowHostPID"], scc["allowedCapabilities"]) == (False, [])
-        assert "projected" not in scc["volumes"], "the plugin pods mount no token"
+        # a projected token for the device-plugin container's pod watch, and only then
+        assert "projected" in scc["volumes"], "plugin.honourAssignments is on by default"
 
 
 def test_no_scc_without_ocp() -> None:

@@ -83,9 +83,10 @@ def test_the_plugin_pod_has_no_host_pid_namespace_and_no_agent(values: Obj) -> N
 
 
 @pytest.mark.parametrize("values", scenario_params())
-def test_the_plugin_pod_gets_no_service_account_token(values: Obj) -> None:
-    # Nothing in the pod calls the API server (plugin/ outside plugin/agent/ never
-    # loads a Kubernetes client), so it holds no credentials to steal.
+def test_the_plugin_pod_gets_no_automounted_service_account_token(values: Obj) -> None:
+    # Only the device-plugin container's pod watch calls the API server, with a
+    # token projected into that container alone (tests/install/test_rbac.py); the
+    # pod and its ServiceAccount automount nothing, and no kubeconfig is handed in.
     objects = render(values)
     spec = component(objects, "DaemonSet", "plugin")["spec"]["template"]["spec"]
     assert spec["automountServiceAccountToken"] is False
@@ -107,6 +108,7 @@ def test_host_paths() -> None:
     assert volumes == {
         "config": None,  # a ConfigMap
         "device-plugins": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"},
+        "api-token": None,  # projected: the pod watch's ServiceAccount token
     }
 
 

@@ -179,24 +179,51 @@ def test_agent_rbac_is_exactly_its_permissions(values: Obj) -> None:
 
 
 @pytest.mark.parametrize("values", scenario_params())
-def test_the_device_plugin_gets_no_rbac_and_no_token(values: Obj) -> None:
-    # The device plugin (and the MPS control daemon beside it) never calls the API
-    # server: no rule may be bound to its ServiceAccount, and no token is mounted.
+def test_device_plugin_rbac_is_exactly_its_permissions_and_only_its_container_has_a_token(
+    values: Obj,
+) -> None:
+    from plugin.deviceplugin.permissions import PERMISSIONS
+
     objects = render(values)
+    pod = pod_spec(component(objects, "DaemonSet", "plugin"))
+    service_account = pod["serviceAccountName"]
+    assert_exactly(grants(objects, service_account), PERMISSIONS, who="device plugin")
+    # No automounted token: the device-plugin container alone gets a projected one;
+    # the MPS control daemon beside it never calls the API server.
+    assert pod["automountServiceAccountToken"] is False
+    assert one(objects, "ServiceAccount", service_account)["automountServiceAccountToken"] is False
+    token_volumes = {
+        v["name"]
+        for v in pod.get("volumes", [])
+        if any("serviceAccountToken" in src for src in v.get("projected", {}).get("sources", []))
+    }
+    for container in pod["containers"]:
+        mounts = {m["name"] for m in container.get("volumeMounts", [])}
+        has_token = bool(mounts & token_volumes)
+        assert has_token is (container["name"] == "device-plugin"), container["name"]
+        if has_token:
+            env = {e["name"]: e for e in container["env"]}
+            node = env["METAGPU_PLUGIN_PLACEMENT__NODE_NAME"]
+            assert node["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_without_honour_assignments_the_device_plugin_gets_no_rbac_and_no_token() -> None:
+    objects = render({"plugin": {"honourAssignments": False}})
     pod = pod_spec(component(objects, "DaemonSet", "plugin"))
     service_account = pod["serviceAccountName"]
     assert grants(objects, service_account) == []
     assert pod["automountServiceAccountToken"] is False
-    assert one(objects, "ServiceAccount", service_account)["automountServiceAccountToken"] is False
+    assert not any("projected" in v for v in pod.get("volumes", []))
     # Not even through a group every ServiceAccount of the namespace is in.
     for binding in [*find(objects, "RoleBinding"), *find(objects, "ClusterRoleBinding")]:
         for subject in binding.get("subjects", []):
             assert subject["kind"] == "ServiceAccount", binding["metadata"]["name"]
 
 
-def test_the_device_plugin_never_loads_a_kubernetes_client() -> None:
-    # What the token rule above rests on: the device-plugin command, with everything
-    # it imports to run, loads no Kubernetes client (only the agent does).
+def test_the_device_plugin_loads_no_kubernetes_client_until_its_pod_watch_starts() -> None:
+    # The device-plugin command, with everything it imports to run, loads no
+    # Kubernetes client: the pod watch imports it when it starts (so
+    # ``metagpu device-plugin --help`` and a plugin without the API stay light).
     code = (
         "import sys, asyncio\n"
         "import plugin.deviceplugin.cli, plugin.deviceplugin.supervisor\n"

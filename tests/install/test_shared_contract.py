@@ -302,9 +302,12 @@ def test_agent_node_name_comes_from_the_downward_api() -> None:
         "fieldPath": "spec.nodeName"
     }
     assert "NODE_NAME" not in env
-    # The device plugin never needs the node name.
-    plugin_env = {e["name"] for e in container(plugin_pod(objects), "device-plugin")["env"]}
-    assert not {"NODE_NAME", f"{ENV_PREFIX}AGENT__NODE_NAME"} & plugin_env
+    # The device plugin's pod watch gets it the same way, under its own config name.
+    plugin_env = {e["name"]: e for e in container(plugin_pod(objects), "device-plugin")["env"]}
+    assert plugin_env[f"{ENV_PREFIX}PLACEMENT__NODE_NAME"]["valueFrom"]["fieldRef"] == {
+        "fieldPath": "spec.nodeName"
+    }
+    assert not {"NODE_NAME", f"{ENV_PREFIX}AGENT__NODE_NAME"} & set(plugin_env)
 
 
 def test_extra_resources_are_advertised_and_known_to_the_webhook() -> None:

@@ -86,3 +86,23 @@ def test_importing_the_command_loads_no_grpc_or_nvml() -> None:
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_node_name_falls_back_to_node_name_but_the_config_name_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("METAGPU_PLUGIN_CONFIG_FILE", raising=False)
+    monkeypatch.delenv("METAGPU_PLUGIN_PLACEMENT__NODE_NAME", raising=False)
+    monkeypatch.setenv("NODE_NAME", "node-a")
+    assert load(parse()).placement.node_name == "node-a"
+    monkeypatch.setenv("METAGPU_PLUGIN_PLACEMENT__NODE_NAME", "node-b")
+    assert load(parse()).placement.node_name == "node-b"
+
+
+def test_the_umbrella_command_hands_in_the_kubernetes_credentials() -> None:
+    # ``metagpu device-plugin`` is served by metagpu.device_plugin, which passes
+    # certs.kube's loader (plugin/ may not import certs).
+    import metagpu.device_plugin as umbrella
+
+    (command,) = umbrella.COMMANDS
+    assert find_command("device-plugin") is command

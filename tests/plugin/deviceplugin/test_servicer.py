@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from plugin._pb import deviceplugin_v1beta1_pb2 as pb
-from plugin.api.config import PluginConfig
+from plugin.api.config import PlacementConfig, PluginConfig
 from plugin.api.resources import ENV_NVIDIA_VISIBLE_DEVICES, ENV_UNITS
 from plugin.deviceplugin.servicer import DevicePluginServicer
 from plugin.gpu.backend import GpuEvent
@@ -101,22 +101,44 @@ async def test_allocate_accepts_unhealthy_devices_with_a_warning(
 
 
 @pytest.mark.parametrize(
-    ("allow", "level", "text"),
+    ("allow", "extender", "refused"),
     [
-        pytest.param(False, logging.WARNING, "node is fragmented", id="split-disallowed-warns"),
-        pytest.param(
-            True, logging.INFO, "splits a fraction across GPUs", id="split-allowed-informs"
-        ),
+        pytest.param(True, True, False, id="allowed-even-with-the-extender"),
+        pytest.param(None, False, False, id="default-without-extender-allows"),
+        pytest.param(None, True, True, id="default-with-extender-refuses"),
+        pytest.param(False, False, True, id="false-refuses"),
     ],
 )
-async def test_split_fraction_is_reported(
-    caplog: pytest.LogCaptureFixture, allow: bool, level: int, text: str
+async def test_a_split_fraction_is_allocated_or_refused_as_configured(
+    caplog: pytest.LogCaptureFixture, allow: bool | None, extender: bool, refused: bool
 ) -> None:
-    servicer, _, _ = make(PluginConfig(units_per_gpu=10, allow_split_fraction=allow))
-    ids = [f"{uuid_for(0)}::1", f"{uuid_for(1)}::1"]
+    config = PluginConfig(
+        units_per_gpu=10,
+        allow_split_fraction=allow,
+        placement=PlacementConfig(extender=extender),
+    )
+    servicer, _, _ = make(config)
+    whole = [f"{uuid_for(0)}::{u}" for u in range(2, 10)]  # (no ID in two containers)
+    split = [f"{uuid_for(0)}::1", f"{uuid_for(1)}::1", f"{uuid_for(1)}::2"]
+    context = FakeContext()
     with caplog.at_level(logging.INFO):
-        await servicer.Allocate(allocate_request(ids), FakeContext())
-    assert any(r.levelno == level and text in r.getMessage() for r in caplog.records)
+        if refused:
+            with pytest.raises(AbortedError):
+                await servicer.Allocate(allocate_request(whole, split), context)
+        else:
+            response = await servicer.Allocate(allocate_request(whole, split), context)
+            assert len(response.container_responses) == 2
+    if refused:
+        # the kubelet shows this in the pod's UnexpectedAdmissionError event
+        assert context.code == grpc.StatusCode.FAILED_PRECONDITION
+        for part in (f"1 on GPU {uuid_for(0)}", f"2 on GPU {uuid_for(1)}", "3 cnvrg.io/metagpu"):
+            assert part in context.details
+        assert "allocated" not in caplog.text  # nothing half-applied: not even container 1
+    else:
+        assert any(
+            r.levelno == logging.INFO and "splits a fraction across GPUs" in r.getMessage()
+            for r in caplog.records
+        )
 
 
 async def test_preferred_allocation_per_container() -> None:

@@ -1,0 +1,27 @@
+"""``metagpu device-plugin``: the device plugin, with the credentials every component uses.
+
+The plugin watches the pods bound to its node to honour the scheduler
+extender's GPU assignments (issue 14). No module of plugin may import certs,
+so the umbrella hands in :func:`certs.kube.open_api_client`, as it does for
+the agent (:mod:`metagpu.agent`).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Final
+
+from plugin.deviceplugin.cli import device_plugin_command
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
+
+def open_api_client() -> AbstractAsyncContextManager[tuple[ApiClient, str]]:
+    """:func:`certs.kube.open_api_client`, imported when the plugin runs, not for ``--help``."""
+    from certs.kube import open_api_client as open_client  # noqa: PLC0415 - kubernetes-asyncio
+
+    return open_client()
+
+
+COMMANDS: Final = (device_plugin_command(open_api=open_api_client),)
