@@ -12,7 +12,8 @@ the process started saw (UUID, PCI bus ID, minor number, ...) and puts it back:
   whose UUID is not found elsewhere now, is that GPU: it keeps its UUID,
   device IDs and size, and stays Unhealthy with the driver's reason;
 * a GPU seen before that the driver no longer lists at all is kept too,
-  Unhealthy ("no longer listed by the driver"), so its shares stay visible;
+  Unhealthy ("no longer listed by the driver"), so its shares stay visible,
+  unless the driver renumbered another GPU into its index;
 * a GPU never seen with its identity since start is left out
   (:attr:`Reconciled.unidentified`): there is no honest name to advertise.
 
@@ -80,8 +81,11 @@ class GpuIdentityBook:
                 continue
             found.add(earlier.uuid)
             served.append(dataclasses.replace(earlier, unhealthy_reason=info.unhealthy_reason))
+        taken = {g.index for g in served} | {g.index for g in unidentified}
         for earlier in self._known.values():
-            if earlier.uuid not in found:
+            # One whose index another GPU holds now was renumbered away by the
+            # driver; its index-based device IDs would clash, so it is not kept.
+            if earlier.uuid not in found and earlier.index not in taken:
                 served.append(dataclasses.replace(earlier, unhealthy_reason=GONE_REASON))
         served.sort(key=lambda g: (g.index, g.uuid))
         return Reconciled(gpus=tuple(served), unidentified=tuple(unidentified))
