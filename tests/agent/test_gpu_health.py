@@ -10,6 +10,7 @@ by mgctl's own code from the agent's ``/v1/devices`` document.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,12 +30,17 @@ from plugin.agent.identity import Caller
 from plugin.agent.mgctl import render_devices
 from plugin.agent.views import device_list
 from plugin.api.config import PluginConfig
-from plugin.api.resources import NODE_LABEL_LARGEST_FREE_UNITS
+from plugin.api.resources import (
+    AGENT_SOCKET_NAME,
+    ENV_AGENT_SOCKET,
+    MGCTL_FILE_NAME,
+    NODE_LABEL_LARGEST_FREE_UNITS,
+)
 from plugin.gpu.backend import GpuEvent
 from plugin.gpu.health_file import HEALTH_FILE_NAME, read_board
 from plugin.gpu.nvml import NvmlBackend
-from tests.agent.builders import pod
-from tests.agent.helpers import eventually
+from tests.agent.builders import place_on_host, pod
+from tests.agent.helpers import eventually, run_mgctl
 from tests.harness.kube_api import FakeKubeApi
 from tests.harness.podresources import FakePodResources, running_pod_resources
 from tests.plugin.builders import gpus, gpus_file_spec, uuid_for, write_yaml
@@ -225,6 +231,21 @@ async def test_a_lost_gpu_stays_listed_with_its_shares(
             row = next(line for line in out.splitlines() if U1 in line)
             assert "Unhealthy: GPU lost" in row
             assert "unknown" not in out.split("\n\n")[1]
+            if os.geteuid() == 0:  # the installed mgctl, as host root (node scope)
+                run = short_tmp_path / "run"
+                code, out, err = await run_mgctl(
+                    run / MGCTL_FILE_NAME,
+                    "get",
+                    "devices",
+                    place=lambda pid: place_on_host(tmp_path / "proc", pid),
+                    env={ENV_AGENT_SOCKET: str(run / AGENT_SOCKET_NAME)},
+                )
+                assert code == 0, err
+                gpu_table, share_table = out.split("\n\n")[1:3]
+                assert "Unhealthy: GPU lost" in next(x for x in gpu_table.splitlines() if U1 in x)
+                assert [line.split()[:3] for line in share_table.splitlines()[1:]] == [
+                    ["1", "ml", "a"]
+                ]
 
 
 # --------------------------------------------------- item 7: log noise, mgctl header
