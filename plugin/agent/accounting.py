@@ -29,6 +29,7 @@ from plugin.agent.cgroups import ContainerId
 from plugin.agent.containers import ContainerDirectory, ContainerKey, ContainerRef
 from plugin.api.resources import ReplicaIdError, parse_replica_id
 from plugin.gpu.backend import GpuInfo, GpuProcess, GpuUsage
+from plugin.gpu.health import GpuHealth
 from plugin.placement.devices import memory_limit_mib as memory_limit_mib  # noqa: PLC0414 - re-exported
 
 MIB: Final = 1024 * 1024
@@ -130,6 +131,12 @@ class GpuView:
     processes_known: bool = True
     """False when this cycle's process list could not be read: its shares are
     incomplete, so enforcement leaves this GPU alone until it reads again."""
+    health: GpuHealth | None = None
+    """The device plugin's health record of this GPU (its published board), which
+    ``healthy`` and ``problem`` follow; None when the plugin published none for it,
+    and then ``healthy`` is the agent's own "described and read this cycle"."""
+    liveness: tuple[int, int] | None = None
+    """The plugin's liveness polls of this GPU since it started: (answered, failed)."""
 
     @property
     def units_free(self) -> int:
@@ -151,6 +158,9 @@ class Snapshot:
     """Inputs that could not be read this cycle (the last good value was used)."""
     problems: tuple[str, ...] = ()
     """Human-readable notes: unreadable GPUs, allocations of unknown GPUs, ..."""
+    pods_watched: bool = True
+    """False when the agent does not watch pods at all (it has no node name): pod
+    names are missing by configuration, not because a watch is failing."""
     shares_by_container: Mapping[ContainerKey, tuple[ShareView, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -181,6 +191,9 @@ def build_snapshot(
     resources: Iterable[str],
     taken_at: float,
     stale: frozenset[Source] = frozenset(),
+    health: Mapping[str, GpuHealth] | None = None,
+    liveness: Mapping[str, tuple[int, int]] | None = None,
+    pods_watched: bool = True,
 ) -> Snapshot:
     """Join one cycle's inputs into a :class:`Snapshot`.
 
@@ -188,7 +201,11 @@ def build_snapshot(
     process; a PID missing from the map is treated the same); ``directory``
     names the containers. ``resources``
     filters the allocations: other device plugins' resources are ignored.
+    ``health`` is the device plugin's board (UUID → record): a GPU on it is as
+    healthy as the plugin advertises it, with the plugin's reason.
     """
+    health = health or {}
+    liveness = liveness or {}
     problems: list[str] = []
     by_device: dict[str, GpuReading] = {}
     for reading in readings:
@@ -280,7 +297,13 @@ def build_snapshot(
     for reading in readings:
         info = reading.info
         resource = gpu_resources.get(info.uuid)
-        problem = info.unhealthy_reason or reading.error
+        record = health.get(info.uuid)
+        if record is not None:
+            healthy = record.healthy
+            problem = record.reason or info.unhealthy_reason or reading.error
+        else:
+            healthy = info.unhealthy_reason is None and reading.usage is not None
+            problem = info.unhealthy_reason or reading.error
         if reading.error:
             problems.append(f"GPU {info.index} ({info.uuid}): {reading.error}")
         used = reading.usage.memory_used_mib if reading.usage else None
@@ -292,13 +315,15 @@ def build_snapshot(
                 memory_total_mib=info.memory_mib,
                 memory_used_mib=used,
                 utilization_percent=reading.usage.utilization_percent if reading.usage else None,
-                healthy=info.unhealthy_reason is None and reading.usage is not None,
+                healthy=healthy,
                 problem=problem,
                 resource=resource,
                 units_total=units_per_gpu if resource is not None and not info.mig_enabled else 0,
                 units_allocated=allocated_on.get(info.uuid, 0),
                 unattributed_memory_mib=max(0, (used or 0) - attributed.get(info.uuid, 0)),
                 processes_known=reading.processes is not None,
+                health=record,
+                liveness=liveness.get(info.uuid),
             )
         )
 
@@ -313,6 +338,7 @@ def build_snapshot(
         processes=tuple(processes),
         stale=stale,
         problems=tuple(problems),
+        pods_watched=pods_watched,
         shares_by_container={k: tuple(v) for k, v in by_container.items()},
     )
 

@@ -56,6 +56,7 @@ from plugin.agent.enforcement import (
     OverrunTracker,
 )
 from plugin.agent.events import QueuedEventSink
+from plugin.agent.gpu_health import BoardReader, DiscoveryLog
 from plugin.agent.gpus import open_backend, read_gpus, resolve_owners
 from plugin.agent.kube import ApiOpener, KubeEventSink, LedgerPublisher, NodeLabeler
 from plugin.agent.labels import desired_labels
@@ -70,7 +71,9 @@ from plugin.agent.views import iso_time
 from plugin.api.config import PluginConfig
 from plugin.api.resources import AGENT_SOCKET_NAME
 from plugin.api.scheduling import NodeLedger
-from plugin.gpu.backend import GpuBackend, GpuBackendError
+from plugin.gpu.backend import GpuBackend, GpuBackendError, GpuInfo
+from plugin.gpu.health_file import health_file_path
+from plugin.gpu.identity import GpuIdentityBook
 from plugin.placement.devices import GpuSelectionError, select_gpus
 
 logger = logging.getLogger(__name__)
@@ -126,6 +129,7 @@ class Agent:
         allocations: AllocationSource,
         index: PodIndex | None = None,
         pods_problem: Callable[[], str | None] = lambda: None,
+        pods_watched: bool = True,
         events: EventSink | None = None,
         labels: LabelSink | None = None,
         ledger: LedgerSink | None = None,
@@ -140,6 +144,14 @@ class Agent:
         self.allocation_source = allocations
         self.index = index if index is not None else PodIndex()
         self.pods_problem = pods_problem
+        self.pods_watched = pods_watched
+        """False without a node name: pods are not watched at all, which is not staleness."""
+        self.identities = GpuIdentityBook()
+        """GPU identities seen since start (and those the plugin published), so a
+        lost GPU stays listed under its UUID with its shares."""
+        self.board = BoardReader(health_file_path(config.device_plugins_dir))
+        """The device plugin's health board: the one health truth of this node."""
+        self.discovery_log = DiscoveryLog()
         self.labels = labels
         self.ledger = ledger
         self._ledger_withdrawn = False
@@ -176,7 +188,7 @@ class Agent:
         stale: set[Source] = set()
         readings = await self._read_gpus(stale)
         allocations = await self._read_allocations(stale)
-        pods_problem = self.pods_problem()
+        pods_problem = self.pods_problem() if self.pods_watched else None
         self._note("pods", pods_problem)
         if pods_problem is not None:
             stale.add("pods")
@@ -268,6 +280,7 @@ class Agent:
         now_s: float,
     ) -> tuple[Snapshot, list[Decision]]:
         """The CPU part of a cycle: join, enforcement decision, metrics update."""
+        board = self.board.last
         snapshot = build_snapshot(
             readings,
             allocations,
@@ -278,6 +291,9 @@ class Agent:
             resources=self._resource_names,
             taken_at=self._wall(),
             stale=stale,
+            health=board.health() if board is not None else None,
+            liveness=board.liveness() if board is not None else None,
+            pods_watched=self.pods_watched,
         )
         decisions = self.tracker.decide(
             snapshot,
@@ -290,9 +306,20 @@ class Agent:
         return snapshot, decisions
 
     # ------------------------------------------------------------- inputs
+    def _read_node(self) -> tuple[GpuReading, ...]:
+        """The plugin's board, then every GPU under its remembered identity
+        (blocking; one at a time, in a worker thread)."""
+        board = self.board.read()
+        if board is not None:
+            self.identities.learn(g.info for g in board.gpus)
+        unidentified: list[GpuInfo] = []
+        readings = read_gpus(self.backend, identities=self.identities, unidentified=unidentified)
+        self.discovery_log.note(readings, unidentified)
+        return readings
+
     async def _read_gpus(self, stale: set[Source]) -> tuple[GpuReading, ...]:
         if self._gpu_read is None or self._gpu_read.done():
-            self._gpu_read = asyncio.ensure_future(asyncio.to_thread(read_gpus, self.backend))
+            self._gpu_read = asyncio.ensure_future(asyncio.to_thread(self._read_node))
         try:
             readings = await asyncio.wait_for(
                 asyncio.shield(self._gpu_read), timeout=GPU_READ_TIMEOUT_S
@@ -448,6 +475,7 @@ class AgentRuntime:
             allocations=podresources,
             index=index,
             pods_problem=pods_problem,
+            pods_watched=settings.node_name is not None,
             events=events,
             labels=labels,
             ledger=ledger,

@@ -27,7 +27,15 @@ from plugin.agent.cgroups import (
     read_process_cgroup,
 )
 from plugin.gpu import backends
-from plugin.gpu.backend import GpuBackend, GpuBackendError, GpuProcess, GpuUsage, NullBackend
+from plugin.gpu.backend import (
+    GpuBackend,
+    GpuBackendError,
+    GpuInfo,
+    GpuProcess,
+    GpuUsage,
+    NullBackend,
+)
+from plugin.gpu.identity import GpuIdentityBook
 
 logger = logging.getLogger(__name__)
 
@@ -45,15 +53,35 @@ def open_backend(*, gpus_file: Path | None) -> GpuBackend:
         return NullBackend()
 
 
-def read_gpus(backend: GpuBackend) -> tuple[GpuReading, ...]:
+def read_gpus(
+    backend: GpuBackend,
+    *,
+    identities: GpuIdentityBook | None = None,
+    unidentified: list[GpuInfo] | None = None,
+) -> tuple[GpuReading, ...]:
     """Every GPU with its usage and processes now.
 
     A failure listing the GPUs at all raises :class:`GpuBackendError` (the
     whole reading is stale); a failure on one GPU is recorded in that GPU's
     :attr:`GpuReading.error` and the others are read normally.
+
+    With ``identities``, a GPU discovery cannot identify (lost) is listed under
+    the identity an earlier discovery saw (:mod:`plugin.gpu.identity`), without
+    readings, so its shares stay visible; one never identified is left out and
+    appended to ``unidentified``.
     """
+    infos = tuple(backend.devices())
+    if identities is not None:
+        reconciled = identities.reconcile(infos)
+        infos = reconciled.gpus
+        if unidentified is not None:
+            unidentified.extend(reconciled.unidentified)
     readings: list[GpuReading] = []
-    for info in backend.devices():
+    for info in infos:
+        if identities is not None and info.unhealthy_reason is not None:
+            # Lost or undescribable: every query would fail the same way.
+            readings.append(GpuReading(info=info, usage=None, processes=None))
+            continue
         errors: list[str] = []
         processes: tuple[GpuProcess, ...] | None = None
         usage: GpuUsage | None = None

@@ -42,11 +42,12 @@ PodUidLookup = Callable[[str, str], str | None]
 def gpu_health(gpu: GpuView) -> tuple[bool, str]:
     """Whether the extender may place units on ``gpu``, and why not.
 
-    The one place the ledger decides health. Today it is the agent's own notion
-    (the GPU's discovery problem, or a failed reading this cycle); the device
-    plugin's health board (XID/ECC events, recovery) is not visible to the
-    agent yet, and unifying the two is a separate issue: change this function
-    only.
+    The one place the ledger decides health. ``GpuView.healthy`` and
+    ``problem`` follow the device plugin's health board (XID/ECC events, lost
+    GPUs, recovery checks), which the plugin publishes and the agent reads each
+    cycle (:mod:`plugin.gpu.health_file`); before any board exists they are the
+    agent's own notion (discovered and read this cycle). So the extender never
+    offers a GPU the plugin has withdrawn.
     """
     if gpu.healthy:
         return True, ""

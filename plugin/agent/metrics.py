@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
@@ -123,7 +123,23 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
         "gpu_utilization_ratio", "SM utilisation over the driver's last sample (0-1).", GPU_LABELS
     )
     healthy = gauge(
-        "gpu_healthy", "1 if the GPU was discovered and read this cycle, else 0.", GPU_LABELS
+        "gpu_healthy",
+        "1 if the device plugin advertises the GPU Healthy (its published health board), "
+        "else 0; without a board, 1 if the GPU was discovered and read this cycle.",
+        GPU_LABELS,
+    )
+    health_info = gauge(
+        "gpu_health_info",
+        "Always 1: the GPU's health record, with state (Healthy/Unhealthy), check (which "
+        "check withdrew it: xid, ecc, lost, driver, discovery, volatile-ecc, row-remap, "
+        "retired-pages; empty while Healthy) and reason (what to do), as mgctl shows it.",
+        (*GPU_LABELS, "state", "check", "reason"),
+    )
+    liveness = CounterMetricFamily(
+        f"{PREFIX}_gpu_liveness_checks",
+        "Liveness polls of the GPU by the device plugin since it started, by result "
+        "(ok, failed); a failed poll withdraws the GPU.",
+        labels=(*GPU_LABELS, "result"),
     )
     procs = gauge("gpu_processes", "Compute processes on the GPU.", GPU_LABELS)
     per_gpu_procs: dict[str, int] = {}
@@ -140,9 +156,17 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
         if g.utilization_percent is not None:
             util.add_metric(values, g.utilization_percent / 100)
         healthy.add_metric(values, 1 if g.healthy else 0)
+        state = g.health.state if g.health else ("Healthy" if g.healthy else "Unhealthy")
+        reason = g.health.reason if g.health else ("" if g.healthy else g.problem or "")
+        check = g.health.check if g.health else ""
+        health_info.add_metric((*values, state, check, reason), 1)
+        if g.liveness is not None:
+            liveness.add_metric((*values, "ok"), g.liveness[0])
+            liveness.add_metric((*values, "failed"), g.liveness[1])
         if g.processes_known:
             procs.add_metric(values, per_gpu_procs.get(g.uuid, 0))
     yield from (units_total, units_alloc, mem_total, mem_used, unattributed, util, healthy, procs)
+    yield from (health_info, liveness)
 
     c_units = gauge("container_units", "Units of the GPU the container holds.", CONTAINER_LABELS)
     c_limit = gauge(

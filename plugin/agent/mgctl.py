@@ -254,6 +254,8 @@ def describe_scope(doc: Json) -> str:
     stale = doc.get("stale") or []
     if stale:
         line += "  ·  STALE: {} unavailable, showing last known data".format(", ".join(stale))
+    if doc.get("podsWatched") is False:
+        line += "  ·  pods not watched (the agent has no node name): no pod names"
     return line
 
 

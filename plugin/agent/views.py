@@ -62,6 +62,7 @@ def _envelope(kind: str, snapshot: Snapshot, caller: Caller, node: str | None) -
         "node": node or "",
         "takenAt": iso_time(snapshot.taken_at) if snapshot.taken_at else None,
         "stale": sorted(snapshot.stale),
+        "podsWatched": snapshot.pods_watched,
         "caller": caller_doc(caller),
     }
 
@@ -128,6 +129,7 @@ def device_list(snapshot: Snapshot, caller: Caller, *, node: str | None) -> Json
                     "utilizationPercent": g.utilization_percent,
                     "healthy": g.healthy,
                     "problem": g.problem,
+                    "health": _health_doc(g),
                     "resource": g.resource,
                     "unitsTotal": g.units_total,
                     "unitsAllocated": g.units_allocated,
@@ -170,6 +172,27 @@ def authorize_kill(snapshot: Snapshot, caller: Caller, pid: int) -> ProcessView:
             "only kill its own GPU processes (see mgctl get processes)"
         )
     return process
+
+
+def _health_doc(g: GpuView) -> Json:
+    """The device plugin's health record of the GPU (``source: plugin``), or the
+    agent's own judgement when the plugin published none (``source: agent``)."""
+    h = g.health
+    if h is None:
+        return {
+            "state": "Healthy" if g.healthy else "Unhealthy",
+            "reason": "" if g.healthy else (g.problem or ""),
+            "check": "",
+            "since": None,
+            "source": "agent",
+        }
+    return {
+        "state": h.state,
+        "reason": h.reason,
+        "check": h.check,
+        "since": iso_time(h.since) if h.since else None,
+        "source": "plugin",
+    }
 
 
 def _gpu_static(g: GpuView) -> Json:

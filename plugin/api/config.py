@@ -140,6 +140,24 @@ class HealthConfig(StrictModel):
     """Longest single wait for an NVML event. Bounds how long stopping the
     health thread takes (NVIDIA waits 5000 ms per round too)."""
 
+    liveness_interval_s: float = Field(default=10.0, ge=0, le=3600)
+    """Seconds between liveness polls: one cheap NVML query (memory info) to every
+    healthy GPU, so a GPU that falls off the bus without an XID event is withdrawn
+    within this time instead of at the next rediscovery. Each poll takes
+    microseconds. 0 turns polling off."""
+
+    check_volatile_ecc: bool = True
+    """Recovery requires no volatile uncorrectable ECC errors (counted since the
+    driver loaded; a GPU reset clears them). Skipped on GPUs without ECC."""
+
+    check_row_remap: bool = True
+    """Recovery requires no pending row remap and no row-remap failure
+    (``nvmlDeviceGetRemappedRows``; Ampere and later)."""
+
+    check_retired_pages: bool = True
+    """Recovery requires no retired pages pending (``nvmlDeviceGetRetiredPagesPendingStatus``;
+    before Ampere)."""
+
     @field_validator("ignored_xids")
     @classmethod
     def _valid_xids(cls, value: list[int]) -> list[int]:

@@ -35,3 +35,8 @@ class GpuInfo:
     unhealthy_reason: str | None = None
     """Set when discovery itself failed for this GPU (an NVML call errored): the
     GPU is advertised as Unhealthy instead of crashing the plugin."""
+    identity_known: bool = True
+    """False when discovery could not even read the UUID (a lost GPU answers
+    nothing): ``uuid`` is then a placeholder that must never be advertised or
+    handed to a container; :mod:`plugin.gpu.identity` puts back the identity an
+    earlier discovery saw, or leaves the GPU out."""

@@ -59,8 +59,10 @@ from plugin.deviceplugin.server import KUBELET_SOCKET_NAME, PluginServer, Plugin
 from plugin.deviceplugin.servicer import DevicePluginServicer
 from plugin.gpu.backend import GpuBackend, GpuBackendError, NullBackend
 from plugin.gpu.backends import open_backend
-from plugin.gpu.health import HealthPolicy
+from plugin.gpu.health import HealthPolicy, RecoveryChecks
+from plugin.gpu.health_file import BoardPublisher, health_file_path
 from plugin.gpu.health_monitor import HealthBoard, HealthMonitor
+from plugin.gpu.identity import GpuIdentityBook
 from plugin.placement.devices import (
     DeviceError,
     DeviceTable,
@@ -140,6 +142,10 @@ class Supervisor:
         self.register_timeout_s = register_timeout_s
         self.stop_grace_s = stop_grace_s
         self.board: HealthBoard | None = None
+        self.identities = GpuIdentityBook()
+        """Every GPU identity seen since start: a GPU lost at a rediscovery keeps
+        its UUID and device IDs (:mod:`plugin.gpu.identity`)."""
+        self.publisher: BoardPublisher | None = None
         self.state: State = "starting"
         self.starts = 0
         """Serving (re)starts so far; tests wait on it."""
@@ -194,6 +200,8 @@ class Supervisor:
             config = self._initial or self._load()
             backend = await self._open_first_backend(config)
             self.board = HealthBoard(_policy(config))
+            self.publisher = BoardPublisher(health_file_path(config.device_plugins_dir))
+            self.board.add_listener(self.publisher)
             await self._watch_assignments(config)
             self._node = await self._start_node(config, backend)
             while True:
@@ -392,6 +400,8 @@ class Supervisor:
     async def _start_node(self, config: PluginConfig, backend: GpuBackend) -> _Node:
         assert self.board is not None
         self.board.ledger.set_policy(_policy(config))
+        if self.publisher is not None:
+            self.publisher.path = health_file_path(config.device_plugins_dir)
         monitor: HealthMonitor | None = None
         if config.health.enabled and not isinstance(backend, NullBackend):
             monitor = HealthMonitor(
@@ -399,6 +409,7 @@ class Supervisor:
                 self.board,
                 uuids=(),
                 event_timeout_s=config.health.event_timeout_s,
+                liveness_interval_s=config.health.liveness_interval_s,
             )
             await monitor.__aenter__()
         elif not config.health.enabled:
@@ -478,7 +489,16 @@ class Supervisor:
     async def _discover(self, config: PluginConfig) -> list[DeviceTable]:
         assert self._node is not None
         assert self.board is not None
-        infos = await asyncio.to_thread(self._node.backend.devices)
+        discovered = await asyncio.to_thread(self._node.backend.devices)
+        reconciled = self.identities.reconcile(discovered)
+        for gpu in reconciled.unidentified:
+            logger.error(
+                "GPU %d could not be identified and was never seen since the plugin started; "
+                "not advertising it under a made-up name: %s",
+                gpu.index,
+                gpu.unhealthy_reason,
+            )
+        infos = reconciled.gpus
         selection = select_gpus(infos, config.resources)
         for warning in selection.warnings:
             logger.warning("%s", warning)
@@ -500,6 +520,7 @@ class Supervisor:
                 extra={"resource": table.resource},
             )
             tables.append(table)
+        self.board.set_gpus(g.info for t in tables for g in t.gpus)
         if self._node.monitor is not None:
             # GPUs whose discovery failed are sick until the next discovery
             # anyway, and may not even have a real UUID to register.
@@ -624,7 +645,14 @@ def _close_quietly(backend: GpuBackend) -> None:
 
 
 def _policy(config: PluginConfig) -> HealthPolicy:
+    health = config.health
     return HealthPolicy(
-        ignored_xids=frozenset(config.health.ignored_xids),
-        recovery_s=config.health.recovery_s,
+        ignored_xids=frozenset(health.ignored_xids),
+        recovery_s=health.recovery_s,
+        checks=RecoveryChecks(
+            volatile_ecc=health.check_volatile_ecc,
+            row_remap=health.check_row_remap,
+            retired_pages=health.check_retired_pages,
+        ),
+        liveness_interval_s=health.liveness_interval_s,
     )

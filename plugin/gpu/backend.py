@@ -62,12 +62,43 @@ class GpuEvent:
     detail: str = ""
 
 
-class GpuBackendError(Exception):
-    """A driver call failed. ``uuid`` names the GPU when the failure is specific to one."""
+@dataclass(frozen=True)
+class RemappedRows:
+    """``nvmlDeviceGetRemappedRows``: ``(corrRows, uncRows, isPending, failureOccurred)``."""
 
-    def __init__(self, message: str, *, uuid: str | None = None) -> None:
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    """A remap is waiting for the next GPU reset to take effect."""
+    failure: bool
+    """A remap failed: the GPU ran out of spare rows and needs service."""
+
+
+@dataclass(frozen=True)
+class MemoryHealth:
+    """What the driver says about a GPU's memory now, for the recovery checks.
+
+    ``None`` means the GPU does not support that query (``NVML_ERROR_NOT_SUPPORTED``:
+    no ECC on consumer boards, no row remapping before Ampere, no page
+    retirement from Ampere on); a check whose query is unsupported is skipped."""
+
+    volatile_uncorrected_ecc: int | None
+    """``nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)``: errors since the
+    driver loaded or the GPU was last reset."""
+    remapped_rows: RemappedRows | None
+    retired_pages_pending: bool | None
+    """``nvmlDeviceGetRetiredPagesPendingStatus``: pages wait for a reset to be retired."""
+
+
+class GpuBackendError(Exception):
+    """A driver call failed. ``uuid`` names the GPU when the failure is specific to one;
+    ``lost`` is True when the driver says the GPU itself is gone
+    (``NVML_ERROR_GPU_IS_LOST``: fallen off the bus, needs a reset or a reboot)."""
+
+    def __init__(self, message: str, *, uuid: str | None = None, lost: bool = False) -> None:
         super().__init__(message)
         self.uuid = uuid
+        self.lost = lost
 
 
 class GpuBackend(Protocol):
@@ -89,6 +120,20 @@ class GpuBackend(Protocol):
 
     def usage(self, uuid: str) -> GpuUsage:
         """Memory and utilisation of the GPU ``uuid`` now."""
+        ...
+
+    def check_alive(self, uuid: str) -> None:
+        """The cheap liveness poll: one driver query that a lost GPU cannot answer.
+
+        Returns when the GPU answers; raises :class:`GpuBackendError` (``lost``
+        set when the driver says so) when it does not. Microseconds on a
+        healthy GPU, so the health monitor runs it for every GPU every
+        ``health.liveness_interval_s``."""
+        ...
+
+    def memory_health(self, uuid: str) -> MemoryHealth:
+        """The memory-error state the recovery checks judge (ECC, row remap, page
+        retirement). An unsupported query is ``None`` in the result, never an error."""
         ...
 
     def watch_events(self, uuids: Collection[str]) -> None:
@@ -135,6 +180,12 @@ class NullBackend:
         raise GpuBackendError(f"unknown GPU: {uuid}", uuid=uuid)
 
     def usage(self, uuid: str) -> GpuUsage:
+        raise GpuBackendError(f"unknown GPU: {uuid}", uuid=uuid)
+
+    def check_alive(self, uuid: str) -> None:
+        raise GpuBackendError(f"unknown GPU: {uuid}", uuid=uuid)
+
+    def memory_health(self, uuid: str) -> MemoryHealth:
         raise GpuBackendError(f"unknown GPU: {uuid}", uuid=uuid)
 
     def watch_events(self, uuids: Collection[str]) -> None:

@@ -11,7 +11,14 @@ sick before a restart is still sick after it.
 (``asyncio.to_thread`` around the backend's bounded ``wait_event``, as NVIDIA
 loops on ``eventSet.Wait(5000)``), hands events to the loop through an
 :class:`asyncio.Queue`, applies them to the board, and probes sick GPUs for
-recovery when they are due.
+recovery when they are due: a due GPU must answer and pass the recovery checks
+(:func:`~plugin.gpu.health.memory_problems`). Every ``liveness_interval_s`` it
+also polls every healthy GPU (:meth:`~plugin.gpu.backend.GpuBackend.check_alive`),
+so a GPU that falls off the bus without an XID is noticed within one interval.
+
+The board also holds the one :class:`~plugin.gpu.health.GpuHealth` record per
+GPU (:meth:`HealthBoard.records`) and tells listeners (the board file the agent
+reads, :mod:`plugin.gpu.health_file`) whenever a record or a liveness count changes.
 """
 
 from __future__ import annotations
@@ -22,8 +29,16 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from plugin.gpu.backend import GpuBackend, GpuBackendError, GpuEvent
-from plugin.gpu.health import HealthChange, HealthLedger, HealthPolicy
+from plugin.gpu.backend import GpuBackend, GpuBackendError, GpuEvent, GpuInfo
+from plugin.gpu.health import (
+    HEALTHY,
+    UNHEALTHY,
+    GpuHealth,
+    HealthChange,
+    HealthLedger,
+    HealthPolicy,
+    memory_problems,
+)
 
 # The name it had before plugin/ was split by concern: log lines (text and JSON
 # show the logger) and any logging config that names it stay as they were.
@@ -39,19 +54,93 @@ class HealthSnapshot:
     """UUID → reason."""
 
 
+@dataclass(frozen=True)
+class LivenessCount:
+    """Liveness polls of one GPU since the plugin started."""
+
+    ok: int = 0
+    failed: int = 0
+
+
 class HealthBoard:
     """Node-wide GPU health with change notification. Use from one event loop."""
 
     def __init__(
-        self, policy: HealthPolicy | None = None, *, clock: Clock = time.monotonic
+        self,
+        policy: HealthPolicy | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        wall: Clock = time.time,
     ) -> None:
         self.ledger = HealthLedger(policy or HealthPolicy())
         self.clock = clock
+        self.wall = wall
         self._version = 0
         self._changed = asyncio.Event()
+        self._gpus: dict[str, GpuInfo] = {}
+        self._since: dict[str, float] = {}
+        self._liveness: dict[str, LivenessCount] = {}
+        self._listeners: list[Callable[[HealthBoard], None]] = []
 
     def snapshot(self) -> HealthSnapshot:
         return HealthSnapshot(version=self._version, unhealthy=self.ledger.unhealthy())
+
+    # ------------------------------------------------ the one health record
+    def set_gpus(self, infos: Iterable[GpuInfo]) -> None:
+        """The GPUs the plugin serves now (after a discovery), by their remembered
+        identity: these are the ones :meth:`records` lists."""
+        self._gpus = {g.uuid: g for g in infos}
+        now = self.wall()
+        for uuid in self._gpus:
+            self._since.setdefault(uuid, now)
+        self._notify()
+
+    @property
+    def gpus(self) -> Mapping[str, GpuInfo]:
+        """UUID → identity of every GPU :meth:`records` covers."""
+        return dict(self._gpus)
+
+    def record_of(self, uuid: str) -> GpuHealth:
+        """The health record of one GPU (Healthy for one the board holds nothing against)."""
+        reason = self.ledger.unhealthy().get(uuid)
+        since = self._since.get(uuid, 0.0)
+        if reason is None:
+            return GpuHealth(uuid=uuid, state=HEALTHY, reason="", check="", since=since)
+        return GpuHealth(
+            uuid=uuid,
+            state=UNHEALTHY,
+            reason=reason,
+            check=self.ledger.check_of(uuid),
+            since=since,
+        )
+
+    def records(self) -> dict[str, GpuHealth]:
+        """THE health record of every GPU on the node, by UUID: what ListAndWatch
+        advertises, and what the agent's mgctl, metrics and labels show."""
+        return {uuid: self.record_of(uuid) for uuid in self._gpus}
+
+    def liveness(self) -> dict[str, LivenessCount]:
+        """Liveness poll counts per GPU UUID."""
+        return dict(self._liveness)
+
+    def count_liveness(self, results: Mapping[str, bool]) -> None:
+        """One liveness round's results (UUID → answered); listeners hear of it."""
+        for uuid, ok in results.items():
+            c = self._liveness.get(uuid, LivenessCount())
+            self._liveness[uuid] = LivenessCount(c.ok + ok, c.failed + (not ok))
+        self._notify()
+
+    def add_listener(self, listener: Callable[[HealthBoard], None]) -> None:
+        """Call ``listener(board)`` after every change of a record or a count (and now)."""
+        self._listeners.append(listener)
+        listener(self)
+
+    def _notify(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener(self)
+            except Exception:  # a broken listener must not stop health checking
+                logger.exception("health board listener failed")
 
     @property
     def version(self) -> int:
@@ -67,8 +156,13 @@ class HealthBoard:
         """Log state changes and wake the streams (once for the whole batch)."""
         if not changes:
             return
+        now = self.wall()
         for change in changes:
-            if change.healthy:
+            if not change.reason_only:
+                self._since[change.uuid] = now
+            if change.reason_only:
+                logger.warning("GPU still unhealthy: %s", change.reason, extra={"gpu": change.uuid})
+            elif change.healthy:
                 logger.info("GPU healthy again: %s", change.reason, extra={"gpu": change.uuid})
             else:
                 logger.warning(
@@ -79,6 +173,7 @@ class HealthBoard:
         self._version += 1
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+        self._notify()
 
     def record(self, event: GpuEvent) -> None:
         change = self.ledger.record(event, now=self.clock())
@@ -110,11 +205,13 @@ class HealthMonitor:
         *,
         uuids: Iterable[str],
         event_timeout_s: float,
+        liveness_interval_s: float = 0.0,
     ) -> None:
         self._backend = backend
         self._board = board
         self._uuids: frozenset[str] = frozenset()
         self._timeout_s = event_timeout_s
+        self._liveness_s = liveness_interval_s
         self._queue: asyncio.Queue[GpuEvent] = asyncio.Queue()
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -133,6 +230,8 @@ class HealthMonitor:
             asyncio.create_task(self._read_events(), name="health-events-reader"),
             asyncio.create_task(self._apply_events(), name="health-events-apply"),
         ]
+        if self._liveness_s > 0:
+            self._tasks.append(asyncio.create_task(self._poll_liveness(), name="health-liveness"))
         for task in self._tasks:
             task.add_done_callback(_log_unexpected_exit)
         return self
@@ -142,8 +241,11 @@ class HealthMonitor:
 
     async def stop(self) -> None:
         self._stopping = True
-        reader, applier = self._tasks or (None, None)
+        reader, applier, *others = self._tasks or (None, None)
         self._tasks = []
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
         if applier is not None:
             applier.cancel()
         if reader is not None:
@@ -187,19 +289,60 @@ class HealthMonitor:
             board.record(event)
 
     async def _probe_due(self) -> None:
-        """Heal GPUs clean for ``recovery_s`` that still answer the driver."""
+        """Heal GPUs clean for ``recovery_s`` that answer the driver and pass the
+        recovery checks; the others stay sick, with the reason the checks give."""
         board = self._board
         for uuid in board.ledger.recovery_due(now=board.clock()):
             try:
-                await asyncio.to_thread(self._backend.usage, uuid)
+                await asyncio.to_thread(self._backend.check_alive, uuid)
+                memory = await asyncio.to_thread(self._backend.memory_health, uuid)
             except GpuBackendError as exc:
                 logger.warning(
                     "GPU still not answering; staying unhealthy: %s", exc, extra={"gpu": uuid}
                 )
                 board.ledger.probe_failed(uuid, str(exc), now=board.clock())
                 continue
-            change = board.ledger.recover(uuid, now=board.clock())
+            problems = memory_problems(memory, board.ledger.policy.checks)
+            if problems:
+                change = board.ledger.checks_failed(uuid, problems, now=board.clock())
+            else:
+                change = board.ledger.recover(uuid, now=board.clock())
             board.apply([change] if change else [])
+
+    async def _poll_liveness(self) -> None:
+        """Every ``liveness_interval_s``: one cheap query to every watched, healthy
+        GPU; one that does not answer gets a ``gpu_lost`` (or ``backend_error``)
+        event, judged like any other. Sick GPUs are left to the recovery probe."""
+        board = self._board
+        while True:
+            await asyncio.sleep(self._liveness_s)
+            uuids = sorted(u for u in self._uuids if board.ledger.is_healthy(u))
+            if not uuids:
+                continue
+            results = await asyncio.to_thread(_check_all, self._backend, uuids)
+            board.count_liveness({uuid: exc is None for uuid, exc in results.items()})
+            for uuid, exc in results.items():
+                if exc is not None:
+                    detail = f"liveness check: {exc}"
+                    event = (
+                        GpuEvent(uuid=uuid, kind="gpu_lost", detail=detail)
+                        if exc.lost
+                        else GpuEvent(uuid=uuid, kind="backend_error", detail=detail)
+                    )
+                    await self._queue.put(event)
+
+
+def _check_all(backend: GpuBackend, uuids: Iterable[str]) -> dict[str, GpuBackendError | None]:
+    """One liveness round in one worker thread (not one thread hop per GPU)."""
+    results: dict[str, GpuBackendError | None] = {}
+    for uuid in uuids:
+        try:
+            backend.check_alive(uuid)
+        except GpuBackendError as exc:
+            results[uuid] = exc
+        else:
+            results[uuid] = None
+    return results
 
 
 def _log_unexpected_exit(task: asyncio.Task[None]) -> None:

@@ -28,6 +28,7 @@ NVML is not safe to shut down while another thread waits on an event set, so
 from __future__ import annotations
 
 import collections
+import ctypes
 import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
@@ -36,7 +37,16 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from plugin.gpu.backend import GpuBackend, GpuBackendError, GpuEvent, GpuInfo, GpuProcess, GpuUsage
+from plugin.gpu.backend import (
+    GpuBackend,
+    GpuBackendError,
+    GpuEvent,
+    GpuInfo,
+    GpuProcess,
+    GpuUsage,
+    MemoryHealth,
+    RemappedRows,
+)
 
 # The name it had before plugin/ was split by concern: log lines (text and JSON
 # show the logger) and any logging config that names it stay as they were.
@@ -66,6 +76,22 @@ def _code(exc: pynvml.NVMLError) -> int:
     return value
 
 
+def _lost(exc: pynvml.NVMLError) -> bool:
+    return _code(exc) == int(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+
+def _handle_key(handle: Any) -> int | None:
+    """The address a device handle points at: the same GPU's handle from
+    ``nvmlDeviceGetHandleByUUID`` and from an event's ``eventData.device`` are
+    different ctypes pointer objects to one address, and a lost GPU cannot be
+    asked its UUID, so events are mapped back to their GPU by this key."""
+    try:
+        value: int | None = ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return None
+    return value
+
+
 class NvmlBackend:
     """:class:`~plugin.gpu.backend.GpuBackend` over the real driver.
 
@@ -84,6 +110,8 @@ class NvmlBackend:
         """What :meth:`watch_events` asked for."""
         self._watched: set[str] = set()
         """Registered in ``_event_set``."""
+        self._handles: dict[int, str] = {}
+        """Handle address → UUID of every GPU registered for events (see :func:`_handle_key`)."""
         self._unsupported: set[str] = set()
         """The driver cannot deliver events for these (logged once, never retried)."""
         self._register_due = True
@@ -110,11 +138,13 @@ class NvmlBackend:
 
     def _describe(self, index: int) -> GpuInfo:
         uuid = f"GPU-unknown-index-{index}"
+        identity_known = False
         step = "get a handle"
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             step = "read the UUID"
             uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            identity_known = True
             step = "read the name"
             name = _text(pynvml.nvmlDeviceGetName(handle))
             step = "read the memory size"
@@ -127,7 +157,9 @@ class NvmlBackend:
             mig = self._mig_enabled(handle)
         except pynvml.NVMLError as exc:
             reason = f"NVML could not {step} of GPU {index}: {exc}"
-            logger.error("GPU discovery failed; advertising it unhealthy: %s", reason)
+            # DEBUG only: discovery runs every agent cycle; the callers log a
+            # failure when it starts and when it ends (not 17,000 times a day).
+            logger.debug("GPU discovery failed: %s", reason)
             return GpuInfo(
                 index=index,
                 uuid=uuid,
@@ -137,6 +169,7 @@ class NvmlBackend:
                 pci_bus_id="",
                 numa_node=None,
                 unhealthy_reason=reason,
+                identity_known=identity_known,
             )
         return GpuInfo(
             index=index,
@@ -219,6 +252,61 @@ class NvmlBackend:
             utilization_percent=utilization,
         )
 
+    # ------------------------------------------------------------- health
+    def check_alive(self, uuid: str) -> None:
+        """One memory-info query: every GPU supports it, and a lost GPU answers
+        ``NVML_ERROR_GPU_IS_LOST`` (the recovery probe always asked the same)."""
+        handle = self._handle(uuid)
+        self._call(f"read memory of {uuid}", pynvml.nvmlDeviceGetMemoryInfo, handle, uuid=uuid)
+
+    def memory_health(self, uuid: str) -> MemoryHealth:
+        handle = self._handle(uuid)
+        ecc = self._optional(
+            f"read the volatile uncorrectable ECC count of {uuid}",
+            uuid,
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+        rows = self._optional(
+            f"read the remapped rows of {uuid}", uuid, pynvml.nvmlDeviceGetRemappedRows, handle
+        )
+        pages = self._optional(
+            f"read the retired-pages pending status of {uuid}",
+            uuid,
+            pynvml.nvmlDeviceGetRetiredPagesPendingStatus,
+            handle,
+        )
+        return MemoryHealth(
+            volatile_uncorrected_ecc=None if ecc is None else int(ecc),
+            remapped_rows=(
+                None
+                if rows is None
+                else RemappedRows(
+                    correctable=int(rows[0]),
+                    uncorrectable=int(rows[1]),
+                    pending=bool(rows[2]),
+                    failure=bool(rows[3]),
+                )
+            ),
+            retired_pages_pending=(
+                None if pages is None else int(pages) == pynvml.NVML_FEATURE_ENABLED
+            ),
+        )
+
+    @staticmethod
+    def _optional(what: str, uuid: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """``fn(*args)``, or None when the GPU does not support it."""
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as exc:
+            if _code(exc) == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                return None
+            raise GpuBackendError(
+                f"NVML could not {what}: {exc}", uuid=uuid, lost=_lost(exc)
+            ) from exc
+
     # ------------------------------------------------------------- events
     def watch_events(self, uuids: Collection[str]) -> None:
         with self._lock:
@@ -281,6 +369,9 @@ class NvmlBackend:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
                 supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
                 pynvml.nvmlDeviceRegisterEvents(handle, WATCHED_EVENTS & supported, self._event_set)
+                key = _handle_key(handle)
+                if key is not None:
+                    self._handles[key] = uuid
             except pynvml.NVMLError as exc:
                 if _code(exc) == pynvml.NVML_ERROR_NOT_SUPPORTED:
                     logger.warning(
@@ -301,11 +392,20 @@ class NvmlBackend:
             self._watched.add(uuid)
 
     def _to_event(self, data: Any) -> GpuEvent | None:
-        try:
-            uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
-        except pynvml.NVMLError as exc:
-            # The event names a GPU we cannot identify: as NVIDIA does, suspect them all.
-            raise GpuBackendError(f"NVML event from a GPU it cannot identify: {exc}") from exc
+        """The event as a :class:`GpuEvent` of the GPU its handle was registered for.
+
+        The handle is looked up first: a GPU that fell off the bus cannot be
+        asked its UUID, and its event must blame it alone. Only a handle never
+        registered here whose UUID cannot be read either suspects every GPU
+        (what NVIDIA does for every unidentified event)."""
+        key = _handle_key(data.device)
+        with self._lock:
+            uuid = self._handles.get(key) if key is not None else None
+        if uuid is None:
+            try:
+                uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
+            except pynvml.NVMLError as exc:
+                raise GpuBackendError(f"NVML event from a GPU it cannot identify: {exc}") from exc
         kind = int(data.eventType)
         if kind & pynvml.nvmlEventTypeDoubleBitEccError:
             return GpuEvent(uuid=uuid, kind="ecc_double_bit", xid=48)
@@ -345,7 +445,9 @@ class NvmlBackend:
         try:
             return fn(*args)
         except pynvml.NVMLError as exc:
-            raise GpuBackendError(f"NVML could not {what}: {exc}", uuid=uuid) from exc
+            raise GpuBackendError(
+                f"NVML could not {what}: {exc}", uuid=uuid, lost=_lost(exc)
+            ) from exc
 
 
 def open_nvml() -> GpuBackend:

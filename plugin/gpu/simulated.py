@@ -14,15 +14,29 @@ The GPUs come from a YAML file (``--gpus-file``)::
         memory_mib: 81920
         numa_node: 0
         # optional: index, minor_number, pci_bus_id, mig_enabled,
-        # utilization_percent, memory_reserved_mib, fail, xids, processes
+        # utilization_percent, memory_reserved_mib, fail, xids, processes,
+        # lost, volatile_uncorrected_ecc, remapped_rows, retired_pages_pending
         processes: [{pid: 4242, used_memory_mib: 2048}]  # + utilization_percent
         xids: []                   # append 79 to simulate "GPU fell off the bus"
+        lost: false                # true: every query answers "GPU is lost"
+        volatile_uncorrected_ecc: 0   # null: the GPU has no ECC (not supported)
+        remapped_rows: {correctable: 0, uncorrectable: 0, pending: false, failure: false}
+        retired_pages_pending: false  # null: not supported (Ampere and later)
 
 The file is re-read when it changes, so a test (or a person trying
 ``make run``) can drive a running plugin from outside the process: appending to
 ``xids`` emits one event per new entry, ``processes`` changes what the agent
 sees, ``fail: usage`` makes readings fail like a wedged NVML call. A file that
 stops parsing is logged and ignored; the last good state stays.
+
+Faults play out as NVML plays them (:mod:`plugin.gpu.nvml` is the reference):
+a ``lost`` GPU answers every query with "GPU is lost" (``GpuBackendError``
+with ``lost`` set) and is described by discovery without its UUID
+(``identity_known`` false, a placeholder UUID, as NVML cannot read it), yet
+its events still name it (NVML maps an event's handle to the GPU it was
+registered for); a memory query a GPU lacks is ``None`` (NOT_SUPPORTED);
+:meth:`SimulatedGpus.emit_unidentified` is an event whose handle no GPU
+was registered with, which NVML turns into a wait error with no UUID.
 """
 
 from __future__ import annotations
@@ -39,7 +53,16 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 
 from plugin.api.settings import ConfigError, StrictModel, format_validation_error, read_config_file
-from plugin.gpu.backend import GpuBackend, GpuBackendError, GpuEvent, GpuInfo, GpuProcess, GpuUsage
+from plugin.gpu.backend import (
+    GpuBackend,
+    GpuBackendError,
+    GpuEvent,
+    GpuInfo,
+    GpuProcess,
+    GpuUsage,
+    MemoryHealth,
+    RemappedRows,
+)
 
 # The name it had before plugin/ was split by concern: log lines (text and JSON
 # show the logger) and any logging config that names it stay as they were.
@@ -56,6 +79,15 @@ class SimulatedProcess(StrictModel):
     used_memory_mib: int = Field(default=0, ge=0)
     utilization_percent: int | None = Field(default=None, ge=0, le=100)
     """SM utilisation of this process; None like a driver that cannot sample it."""
+
+
+class SimulatedRemappedRows(StrictModel):
+    """``nvmlDeviceGetRemappedRows``: ``(corrRows, uncRows, isPending, failureOccurred)``."""
+
+    correctable: int = Field(default=0, ge=0)
+    uncorrectable: int = Field(default=0, ge=0)
+    pending: bool = False
+    failure: bool = False
 
 
 class SimulatedGpu(StrictModel):
@@ -77,6 +109,15 @@ class SimulatedGpu(StrictModel):
     xids: list[int] = Field(default_factory=list)
     """XID errors that have happened, oldest first. New entries become events."""
     processes: list[SimulatedProcess] = Field(default_factory=list)
+    lost: bool = False
+    """Fallen off the bus: every query fails with "GPU is lost", discovery cannot
+    read the UUID (``NVML_ERROR_GPU_IS_LOST``)."""
+    volatile_uncorrected_ecc: int | None = Field(default=0, ge=0)
+    """Uncorrectable ECC errors since the last driver load; None: no ECC."""
+    remapped_rows: SimulatedRemappedRows | None = Field(default_factory=SimulatedRemappedRows)
+    """None: no row remapper (before Ampere)."""
+    retired_pages_pending: bool | None = False
+    """None: no page retirement (Ampere and later)."""
 
 
 class SimulatedGpusFile(StrictModel):
@@ -123,7 +164,8 @@ class SimulatedGpus:
 
     def __init__(self, spec: SimulatedGpusFile, *, path: Path | None = None) -> None:
         self._lock = threading.Lock()
-        self._events: queue.Queue[GpuEvent] = queue.Queue()
+        self._events: queue.Queue[GpuEvent | None] = queue.Queue()
+        """None stands for an event with an unknown handle (:meth:`emit_unidentified`)."""
         self._spec = spec
         self._path = path
         self._stamp = self._file_stamp()
@@ -143,7 +185,7 @@ class SimulatedGpus:
     def processes(self, uuid: str) -> Sequence[GpuProcess]:
         self._refresh()
         with self._lock:
-            gpu = self._find(uuid)
+            gpu = self._answering(uuid, "list processes on")
             if gpu.fail == "processes":
                 raise GpuBackendError(f"simulated failure listing processes on {uuid}", uuid=uuid)
             live_only = self._spec.live_pids_only
@@ -161,7 +203,7 @@ class SimulatedGpus:
     def usage(self, uuid: str) -> GpuUsage:
         procs = self.processes(uuid) if not self._fails(uuid, "processes") else ()
         with self._lock:
-            gpu = self._find(uuid)
+            gpu = self._answering(uuid, "read memory of")
             if gpu.fail == "usage":
                 raise GpuBackendError(f"simulated failure reading usage of {uuid}", uuid=uuid)
             used = gpu.memory_reserved_mib + sum(p.used_memory_mib for p in procs)
@@ -169,6 +211,34 @@ class SimulatedGpus:
                 memory_used_mib=min(used, gpu.memory_mib),
                 memory_total_mib=gpu.memory_mib,
                 utilization_percent=gpu.utilization_percent,
+            )
+
+    def check_alive(self, uuid: str) -> None:
+        """A memory query, as NVML's: a lost GPU or one whose readings fail does not answer."""
+        self._refresh()
+        with self._lock:
+            gpu = self._answering(uuid, "read memory of")
+            if gpu.fail == "usage":
+                raise GpuBackendError(f"simulated failure reading memory of {uuid}", uuid=uuid)
+
+    def memory_health(self, uuid: str) -> MemoryHealth:
+        self._refresh()
+        with self._lock:
+            gpu = self._answering(uuid, "read the memory error state of")
+            rows = gpu.remapped_rows
+            return MemoryHealth(
+                volatile_uncorrected_ecc=gpu.volatile_uncorrected_ecc,
+                remapped_rows=(
+                    None
+                    if rows is None
+                    else RemappedRows(
+                        correctable=rows.correctable,
+                        uncorrectable=rows.uncorrectable,
+                        pending=rows.pending,
+                        failure=rows.failure,
+                    )
+                ),
+                retired_pages_pending=gpu.retired_pages_pending,
             )
 
     def watch_events(self, uuids: Collection[str]) -> None:
@@ -181,10 +251,14 @@ class SimulatedGpus:
             self._refresh()
             remaining = deadline - time.monotonic()
             try:
-                return self._events.get(timeout=max(0.0, min(remaining, FILE_POLL_INTERVAL_S)))
+                item = self._events.get(timeout=max(0.0, min(remaining, FILE_POLL_INTERVAL_S)))
             except queue.Empty:
                 if remaining <= FILE_POLL_INTERVAL_S:
                     return None
+                continue
+            if item is None:  # an event whose handle no GPU was registered with
+                raise GpuBackendError("NVML event from a GPU it cannot identify: Unknown Error")
+            return item
         return None
 
     def close(self) -> None:
@@ -194,6 +268,11 @@ class SimulatedGpus:
     def emit(self, event: GpuEvent) -> None:
         """Deliver ``event`` to the next :meth:`wait_event` (as a driver event would)."""
         self._events.put(event)
+
+    def emit_unidentified(self) -> None:
+        """An event whose device handle no GPU was registered with: the next
+        :meth:`wait_event` fails with no UUID, as NVML's does, so every GPU is suspect."""
+        self._events.put(None)
 
     def update(self, uuid: str, **changes: object) -> None:
         """Change fields of one GPU in place, e.g. ``update(u, processes=[...])``.
@@ -223,9 +302,32 @@ class SimulatedGpus:
                 return gpu
         raise GpuBackendError(f"unknown GPU: {uuid}", uuid=uuid)
 
+    def _answering(self, uuid: str, what: str) -> SimulatedGpu:
+        """The GPU ``uuid``, unless it is lost (then the NVML error a lost GPU gives)."""
+        gpu = self._find(uuid)
+        if gpu.lost:
+            raise GpuBackendError(
+                f"NVML could not {what} {uuid}: GPU is lost", uuid=uuid, lost=True
+            )
+        return gpu
+
     @staticmethod
     def _info(position: int, gpu: SimulatedGpu) -> GpuInfo:
         index = gpu.index if gpu.index is not None else position
+        if gpu.lost:
+            # What NVML's discovery returns for a lost GPU: the handle call fails,
+            # so nothing about it is known, not even its UUID.
+            return GpuInfo(
+                index=index,
+                uuid=f"GPU-unknown-index-{index}",
+                name="unknown",
+                memory_mib=0,
+                minor_number=index,
+                pci_bus_id="",
+                numa_node=None,
+                unhealthy_reason=f"NVML could not get a handle of GPU {index}: GPU is lost",
+                identity_known=False,
+            )
         return GpuInfo(
             index=index,
             uuid=gpu.uuid,

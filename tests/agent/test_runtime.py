@@ -270,5 +270,7 @@ async def test_runs_without_a_node_name(env: Env) -> None:
     env.write_gpus([])
     async with AgentRuntime(env.config(node_name=None), open_api=open_api_client) as rt:
         result = await rt.agent.next_cycle()
-        assert "pods" in result.snapshot.stale
+        # Not watched is not stale (issue 15, item 7): nothing is failing.
+        assert "pods" not in result.snapshot.stale
+        assert not result.snapshot.pods_watched
     assert env.fake.requests == []

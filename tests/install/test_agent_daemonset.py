@@ -190,9 +190,12 @@ def test_host_paths() -> None:
         "config": None,  # a ConfigMap
         "pod-resources": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"},
         "agent-socket-dir": {"path": "/var/run/metagpu", "type": "DirectoryOrCreate"},
+        # the device plugin's GPU health board (issue 15): read-only
+        "device-plugins": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"},
     }
     mounts = {m["name"]: m for m in container(agent_pod(), "agent")["volumeMounts"]}
     assert mounts["pod-resources"]["readOnly"] is True
+    assert mounts["device-plugins"]["readOnly"] is True
     assert mounts["config"]["readOnly"] is True
     assert not mounts["agent-socket-dir"].get("readOnly")
 

@@ -189,6 +189,16 @@ def test_config_paths_are_what_the_plugin_and_agent_pods_mount(values: Obj) -> N
     assert str(plugin.agent.pod_resources_socket).startswith(mount["mountPath"] + "/")
     assert agent_volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
     assert "pod-resources" not in plugin_volumes
+    # The plugin's health board, in the kubelet's device-plugins directory: the
+    # plugin writes it where the config says, the agent reads it from there.
+    board_dir = str(plugin.device_plugins_dir)
+    assert _mount(plugin_spec, "device-plugin", "device-plugins")["mountPath"] == board_dir
+    assert _mount(agent_spec, "agent", "device-plugins")["mountPath"] == board_dir
+    assert _mount(agent_spec, "agent", "device-plugins")["readOnly"] is True
+    assert (
+        agent_volumes["device-plugins"]["hostPath"]["path"]
+        == plugin_volumes["device-plugins"]["hostPath"]["path"]
+    )
     # Both read the one config file, from the one ConfigMap.
     for pod, volumes, name in (
         (plugin_spec, plugin_volumes, "device-plugin"),

@@ -528,7 +528,8 @@ async def test_reload_whose_gpu_selection_fails_is_rejected(
         await _reload_is_rejected(plugin_under_test, kubelet, caplog, "twice")
         rejected = plugin_under_test.backends[-1]
         assert isinstance(rejected, TrackedGpus)
-        assert rejected.closes == 1  # the rejected config's backend is released
+        # Released in a worker thread right after the rejection is logged.
+        await wait_until(lambda: rejected.closes == 1, what="the rejected backend released")
         assert plugin_under_test.supervisor.backend is plugin_under_test.backends[0]
 
 

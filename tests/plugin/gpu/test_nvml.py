@@ -100,7 +100,6 @@ def test_a_gpu_that_cannot_be_described_is_unhealthy_not_fatal(
     backend: NvmlBackend,
     function: str,
     expected: str,
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
     nvml.gpus[1].fail[function] = fake.NVML_ERROR_GPU_IS_LOST
     good, bad = backend.devices()
@@ -109,7 +108,10 @@ def test_a_gpu_that_cannot_be_described_is_unhealthy_not_fatal(
     assert bad.unhealthy_reason is not None
     assert expected in bad.unhealthy_reason
     assert "GPU is lost" in bad.unhealthy_reason
-    assert "advertising it unhealthy" in caplog.text
+    # Before the UUID is read the UUID is a placeholder, and says so (issue 15).
+    assert bad.identity_known == (
+        function not in ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID")
+    )
 
 
 @pytest.mark.parametrize(
@@ -288,13 +290,64 @@ def test_a_failed_wait_raises_so_the_caller_backs_off(
     assert err.value.uuid is None  # every watched GPU is suspect
 
 
-def test_an_event_from_an_unidentifiable_gpu_raises(nvml: FakePynvml, backend: NvmlBackend) -> None:
+def test_an_event_of_a_lost_gpu_blames_that_gpu_only(
+    nvml: FakePynvml, backend: NvmlBackend
+) -> None:
+    """Issue 15 item 4: the handle was registered for A; that A can no longer say
+    its UUID (fallen off the bus) must not make B suspect too."""
     backend.watch_events([A, B])
     assert backend.wait_event(0.01) is None
     nvml.xid(A, 79)
-    nvml.gpus[0].fail["nvmlDeviceGetUUID"] = fake.NVML_ERROR_GPU_IS_LOST
-    with pytest.raises(GpuBackendError, match="cannot identify: GPU is lost"):
+    nvml.lose(A)
+    assert backend.wait_event(1) == GpuEvent(uuid=A, kind="xid", xid=79)
+
+
+def test_an_event_with_an_unknown_handle_suspects_every_gpu(
+    nvml: FakePynvml, backend: NvmlBackend
+) -> None:
+    backend.watch_events([A, B])
+    assert backend.wait_event(0.01) is None
+    nvml.unknown_handle_xid(79)
+    with pytest.raises(GpuBackendError, match="cannot identify") as err:
         backend.wait_event(1)
+    assert err.value.uuid is None  # the monitor marks every watched GPU
+
+
+def test_memory_health_reads_what_the_gpu_supports(nvml: FakePynvml, backend: NvmlBackend) -> None:
+    nvml.gpus[0].volatile_uncorrected_ecc = 2
+    nvml.gpus[0].remapped_rows = (1, 3, 1, 0)
+    nvml.gpus[0].retired_pages_pending = None  # Ampere: no page retirement
+    a = backend.memory_health(A)
+    assert a.volatile_uncorrected_ecc == 2
+    assert a.remapped_rows is not None
+    assert (a.remapped_rows.pending, a.remapped_rows.failure) == (True, False)
+    assert a.remapped_rows.uncorrectable == 3
+    assert a.retired_pages_pending is None
+    nvml.gpus[1].volatile_uncorrected_ecc = None
+    nvml.gpus[1].remapped_rows = None  # Volta: no row remapper
+    nvml.gpus[1].retired_pages_pending = fake.NVML_FEATURE_ENABLED
+    b = backend.memory_health(B)
+    assert (b.volatile_uncorrected_ecc, b.remapped_rows, b.retired_pages_pending) == (
+        None,
+        None,
+        True,
+    )
+
+
+def test_a_lost_gpu_fails_liveness_and_says_lost(nvml: FakePynvml, backend: NvmlBackend) -> None:
+    backend.check_alive(A)
+    nvml.lose(A)
+    with pytest.raises(GpuBackendError, match="GPU is lost") as err:
+        backend.check_alive(A)
+    assert err.value.lost
+    assert err.value.uuid == A
+    with pytest.raises(GpuBackendError) as err:
+        backend.memory_health(A)
+    assert err.value.lost
+    backend.check_alive(B)
+    a, b = backend.devices()
+    assert not a.identity_known
+    assert b.identity_known
 
 
 def test_with_nothing_watched_the_wait_idles_until_gpus_come(

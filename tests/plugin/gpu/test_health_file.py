@@ -1,0 +1,114 @@
+"""The plugin's published health board: written atomically, read back, refused when wrong."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from plugin.gpu.backend import GpuEvent, MemoryHealth, RemappedRows
+from plugin.gpu.health import RecoveryChecks, memory_problems
+from plugin.gpu.health_file import (
+    HEALTH_FILE_NAME,
+    BoardPublisher,
+    HealthFileError,
+    read_board,
+)
+from plugin.gpu.health_monitor import HealthBoard
+from tests.plugin.builders import gpu, uuid_for
+
+
+async def test_the_board_round_trips_through_the_file(tmp_path: Path) -> None:
+    path = tmp_path / HEALTH_FILE_NAME
+    board = HealthBoard(wall=lambda: 1_700_000_000.0)
+    publisher = BoardPublisher(path)
+    board.add_listener(publisher)
+    board.set_gpus([gpu(0), gpu(1)])
+    board.record(GpuEvent(uuid_for(1), "xid", xid=79))
+    board.count_liveness({uuid_for(0): True})
+    published = read_board(path)
+    assert published is not None
+    by_uuid = published.by_uuid()
+    assert by_uuid[uuid_for(0)].info == gpu(0)
+    assert by_uuid[uuid_for(0)].health == board.record_of(uuid_for(0))
+    assert by_uuid[uuid_for(1)].health.reason == "XID 79"
+    assert by_uuid[uuid_for(1)].health.since == 1_700_000_000.0
+    assert (by_uuid[uuid_for(0)].liveness_ok, by_uuid[uuid_for(0)].liveness_failed) == (1, 0)
+    assert os.listdir(tmp_path) == [HEALTH_FILE_NAME]  # no temp file left
+
+
+async def test_a_failed_write_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    publisher = BoardPublisher(tmp_path / "missing" / HEALTH_FILE_NAME)
+    board = HealthBoard()
+    board.add_listener(publisher)
+    board.set_gpus([gpu(0)])
+    board.record(GpuEvent(uuid_for(0), "xid", xid=79))
+    assert caplog.text.count("cannot publish GPU health") == 1
+    (tmp_path / "missing").mkdir()
+    board.count_liveness({uuid_for(0): True})
+    assert "works again" in caplog.text
+    assert publisher.writes == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("{", "not JSON"),
+        ('{"kind": "Other"}', "not a GpuHealthBoard"),
+        ('{"kind": "GpuHealthBoard", "apiVersion": "v9", "gpus": []}', "different releases"),
+        ('{"kind": "GpuHealthBoard", "apiVersion": "v1", "writtenAt": 1}', "malformed"),
+    ],
+)
+def test_a_bad_board_is_refused_with_a_reason(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / HEALTH_FILE_NAME
+    path.write_text(text)
+    with pytest.raises(HealthFileError, match=problem):
+        read_board(path)
+
+
+def test_a_state_the_reader_does_not_know_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / HEALTH_FILE_NAME
+    item = {
+        "uuid": "GPU-x",
+        "index": 0,
+        "name": "n",
+        "memoryMiB": 1,
+        "minorNumber": 0,
+        "pciBusId": "",
+        "state": "Sort of",
+    }
+    doc = {"kind": "GpuHealthBoard", "apiVersion": "v1", "writtenAt": 1, "gpus": [item]}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(HealthFileError, match="neither Healthy nor Unhealthy"):
+        read_board(path)
+
+
+CLEAN = MemoryHealth(
+    volatile_uncorrected_ecc=0,
+    remapped_rows=RemappedRows(0, 0, pending=False, failure=False),
+    retired_pages_pending=False,
+)
+UNSUPPORTED = MemoryHealth(
+    volatile_uncorrected_ecc=None, remapped_rows=None, retired_pages_pending=None
+)
+DAMAGED = MemoryHealth(
+    volatile_uncorrected_ecc=4,
+    remapped_rows=RemappedRows(0, 2, pending=True, failure=False),
+    retired_pages_pending=True,
+)
+
+
+def test_memory_problems_say_what_to_do() -> None:
+    assert memory_problems(CLEAN, RecoveryChecks()) == []
+    assert memory_problems(UNSUPPORTED, RecoveryChecks()) == []  # skipped, not failed
+    problems = memory_problems(DAMAGED, RecoveryChecks())
+    assert [c for c, _ in problems] == ["row-remap", "volatile-ecc", "retired-pages"]
+    assert problems[0][1] == "row remap pending: reset the GPU (nvidia-smi -r) or reboot the node"
+    off = RecoveryChecks(volatile_ecc=False, row_remap=False, retired_pages=False)
+    assert memory_problems(DAMAGED, off) == []
