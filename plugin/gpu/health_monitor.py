@@ -49,9 +49,42 @@ class HealthBoard:
         self.clock = clock
         self._version = 0
         self._changed = asyncio.Event()
+        self._foreign: dict[str, str] = {}
+        """GPU UUID → why another device plugin's resource claims it
+        (:mod:`plugin.placement.ownership`). Kept apart from the ledger: it is not
+        a fault, no probe heals it, and it ends only when the other plugin lets go."""
 
     def snapshot(self) -> HealthSnapshot:
-        return HealthSnapshot(version=self._version, unhealthy=self.ledger.unhealthy())
+        unhealthy = dict(self.ledger.unhealthy())
+        for uuid, reason in self._foreign.items():
+            other = unhealthy.get(uuid)
+            unhealthy[uuid] = reason if other is None else f"{reason}; also {other}"
+        return HealthSnapshot(version=self._version, unhealthy=unhealthy)
+
+    @property
+    def foreign(self) -> Mapping[str, str]:
+        """GPU UUID → reason, for every GPU another resource claims now."""
+        return dict(self._foreign)
+
+    def set_foreign(self, reasons: Mapping[str, str]) -> None:
+        """Replace the set of GPUs another resource claims; log each GPU once when it
+        is withdrawn for that and once when it is offered again (never per check)."""
+        if reasons == self._foreign:
+            return
+        for uuid, reason in reasons.items():
+            if uuid not in self._foreign:
+                logger.warning(
+                    "GPU withdrawn, all its meta-devices Unhealthy: %s",
+                    reason,
+                    extra={"gpu": uuid},
+                )
+        for uuid in self._foreign.keys() - reasons.keys():
+            logger.info(
+                "GPU no longer handed out by another device plugin; offered again",
+                extra={"gpu": uuid},
+            )
+        self._foreign = dict(reasons)
+        self._bump()
 
     @property
     def version(self) -> int:
@@ -76,6 +109,9 @@ class HealthBoard:
                     change.reason,
                     extra={"gpu": change.uuid},
                 )
+        self._bump()
+
+    def _bump(self) -> None:
         self._version += 1
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()

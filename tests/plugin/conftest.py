@@ -81,6 +81,7 @@ async def running_plugin(
     load: Callable[[], PluginConfig] | None = None,
     backend_factory: Callable[[PluginConfig], GpuBackend] | None = None,
     retry_interval_s: float = 30.0,
+    ownership_interval_s: float = 10.0,
 ) -> AsyncIterator[PluginUnderTest]:
     """Run the supervisor on simulated GPUs (``gpu_count`` on two NUMA nodes by default)."""
     gpus_file = write_yaml(
@@ -107,6 +108,7 @@ async def running_plugin(
         backend_factory=factory,
         retry_interval_s=retry_interval_s,
         socket_check_interval_s=0.2,
+        ownership_interval_s=ownership_interval_s,
     )
     task = asyncio.create_task(supervisor.run(handle_signals=False), name="plugin-under-test")
     under_test = PluginUnderTest(supervisor, task, directory, gpus_file, backends)

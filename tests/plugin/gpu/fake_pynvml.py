@@ -71,6 +71,8 @@ class FakeGpu:
     bus_id: str = "00000000:3B:00.0"
     mig_mode: int | None = NVML_DEVICE_MIG_DISABLE
     """None: the GPU predates MIG (``nvmlDeviceGetMigMode`` is not supported)."""
+    mig_slots: list[str | None] = field(default_factory=list)
+    """MIG device UUID per slot (None: an empty slot, NVML_ERROR_NOT_FOUND)."""
     utilization: int | None = 37
     processes: list[tuple[int, int | None]] = field(default_factory=list)
     """``(pid, used bytes or None)``."""
@@ -91,11 +93,19 @@ class Handle:
     gpu: FakeGpu
 
 
+@dataclass(frozen=True)
+class MigHandle:
+    """A MIG device's handle; only its UUID is ever asked of it."""
+
+    uuid: str
+
+
 class FakePynvml:
     """Install with ``monkeypatch.setattr(plugin.gpu.nvml, "pynvml", fake)``."""
 
     NVMLError = NVMLError
     NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_NOT_FOUND = NVML_ERROR_NOT_FOUND
     NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
     NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
     nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError  # noqa: N815
@@ -185,9 +195,22 @@ class FakePynvml:
         self._check("nvmlDeviceGetHandleByUUID", gpu)
         return Handle(gpu)
 
-    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
+    def nvmlDeviceGetUUID(self, handle: Handle | MigHandle) -> str:
+        if isinstance(handle, MigHandle):
+            return handle.uuid
         self._check("nvmlDeviceGetUUID", handle.gpu)
         return handle.gpu.uuid
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Handle) -> int:
+        self._check("nvmlDeviceGetMaxMigDeviceCount", handle.gpu)
+        return len(handle.gpu.mig_slots)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Handle, index: int) -> MigHandle:
+        self._check("nvmlDeviceGetMigDeviceHandleByIndex", handle.gpu)
+        uuid = handle.gpu.mig_slots[index]
+        if uuid is None:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return MigHandle(uuid)
 
     def nvmlDeviceGetName(self, handle: Handle) -> str:
         self._check("nvmlDeviceGetName", handle.gpu)
