@@ -6,7 +6,11 @@ Pure. Inputs, each gathered by an adapter:
 * allocations (:class:`Allocation`) from the kubelet's PodResources API: which
   container holds which meta-devices ``<gpu>::<n>``;
 * process owners: PID → container ID from ``/proc/<pid>/cgroup``;
-* the pod index: container ID → namespace/pod/container.
+* the pod index: container ID → namespace/pod/container;
+* other resources' claims on the same physical GPUs
+  (:class:`~plugin.placement.ownership.Ownership`, from the same PodResources
+  answer): a GPU that another device plugin advertises or has handed out has no
+  free units, and each of our shares on it is a :class:`Conflict`.
 
 Output: a frozen :class:`Snapshot` that enforcement, metrics, node labels and
 the mgctl API all read, so they can never disagree about the same cycle.
@@ -30,6 +34,7 @@ from plugin.agent.containers import ContainerDirectory, ContainerKey, ContainerR
 from plugin.api.resources import ReplicaIdError, parse_replica_id
 from plugin.gpu.backend import GpuInfo, GpuProcess, GpuUsage
 from plugin.placement.devices import memory_limit_mib as memory_limit_mib  # noqa: PLC0414 - re-exported
+from plugin.placement.ownership import NO_CLAIMS, ForeignHolder, GpuClaim, Ownership
 
 MIB: Final = 1024 * 1024
 
@@ -130,11 +135,47 @@ class GpuView:
     processes_known: bool = True
     """False when this cycle's process list could not be read: its shares are
     incomplete, so enforcement leaves this GPU alone until it reads again."""
+    claim: GpuClaim | None = None
+    """Another resource advertises or holds this GPU (another device plugin)."""
 
     @property
     def units_free(self) -> int:
-        """Units not held by any container (never negative)."""
-        return max(0, self.units_total - self.units_allocated)
+        """Units a new share could get here: :func:`free_units`."""
+        return free_units(self.units_total, self.units_allocated, claim=self.claim)
+
+    @property
+    def contested(self) -> bool:
+        """A GPU metagpu serves that another resource also hands out."""
+        return self.claim is not None and self.resource is not None
+
+
+def free_units(units_total: int, units_allocated: int, *, claim: GpuClaim | None) -> int:
+    """Free units of one GPU, counting other resources on the same physical GPU.
+
+    A GPU another resource advertises or holds has none: its whole capacity is
+    the other plugin's to hand out (the device plugin withdraws our units of it),
+    and a time-sliced or MIG device of it is no fraction metagpu can account
+    for. Otherwise what our containers do not hold (never negative). The one
+    rule for mgctl, metrics, node labels and the scheduler's ledger."""
+    if claim is not None:
+        return 0
+    return max(0, units_total - units_allocated)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Our container holds units of a GPU that another resource's container holds too."""
+
+    share: ShareView
+    other: ForeignHolder
+
+    def describe(self) -> str:
+        k = self.share.key
+        return (
+            f"{k.namespace}/{k.pod}/{k.container} holds {self.share.units} unit(s) of "
+            f"{self.share.resource} on GPU {self.share.gpu_index} ({self.share.gpu_uuid}), "
+            f"which {self.other} also holds"
+        )
 
 
 @dataclass(frozen=True)
@@ -151,6 +192,8 @@ class Snapshot:
     """Inputs that could not be read this cycle (the last good value was used)."""
     problems: tuple[str, ...] = ()
     """Human-readable notes: unreadable GPUs, allocations of unknown GPUs, ..."""
+    conflicts: tuple[Conflict, ...] = ()
+    """Our shares on GPUs another resource's containers hold too, each pair once."""
     shares_by_container: Mapping[ContainerKey, tuple[ShareView, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -181,13 +224,16 @@ def build_snapshot(
     resources: Iterable[str],
     taken_at: float,
     stale: frozenset[Source] = frozenset(),
+    ownership: Ownership = NO_CLAIMS,
 ) -> Snapshot:
     """Join one cycle's inputs into a :class:`Snapshot`.
 
     ``owners`` maps every GPU process's PID to its container ID (None: host
     process; a PID missing from the map is treated the same); ``directory``
-    names the containers. ``resources``
-    filters the allocations: other device plugins' resources are ignored.
+    names the containers. ``resources`` filters the allocations that are
+    shares; other device plugins' resources count through ``ownership``
+    (:func:`plugin.placement.ownership.find_foreign_claims` over the same
+    answer): their GPUs have no free units and our shares on them conflict.
     """
     problems: list[str] = []
     by_device: dict[str, GpuReading] = {}
@@ -299,8 +345,15 @@ def build_snapshot(
                 units_allocated=allocated_on.get(info.uuid, 0),
                 unattributed_memory_mib=max(0, (used or 0) - attributed.get(info.uuid, 0)),
                 processes_known=reading.processes is not None,
+                claim=ownership.claim(info.uuid),
             )
         )
+    conflicts = tuple(
+        Conflict(share, holder)
+        for share in shares
+        if share.allocated and (claim := ownership.claim(share.gpu_uuid)) is not None
+        for holder in claim.holders
+    )
 
     by_container: dict[ContainerKey, list[ShareView]] = defaultdict(list)
     for share in shares:
@@ -313,6 +366,7 @@ def build_snapshot(
         processes=tuple(processes),
         stale=stale,
         problems=tuple(problems),
+        conflicts=conflicts,
         shares_by_container={k: tuple(v) for k, v in by_container.items()},
     )
 

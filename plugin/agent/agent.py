@@ -24,6 +24,7 @@ until a stop event. Signals are handled only at the top, in
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import os
 import time
@@ -60,6 +61,7 @@ from plugin.agent.gpus import open_backend, read_gpus, resolve_owners
 from plugin.agent.kube import ApiOpener, KubeEventSink, NodeLabeler
 from plugin.agent.labels import desired_labels
 from plugin.agent.metrics import AgentMetrics
+from plugin.agent.ownership import OwnershipReporter, build_node_event
 from plugin.agent.podresources import PodResourcesClient, PodResourcesError
 from plugin.agent.pods import PodWatcher
 from plugin.agent.probes import ProbeServer, ProbeState
@@ -69,6 +71,7 @@ from plugin.api.config import PluginConfig
 from plugin.api.resources import AGENT_SOCKET_NAME
 from plugin.gpu.backend import GpuBackend, GpuBackendError
 from plugin.placement.devices import GpuSelectionError, select_gpus
+from plugin.placement.ownership import AssignedDevices, ResourceDevices, find_foreign_claims
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +90,13 @@ class AllocationSource(Protocol):
     async def list_allocations(self) -> tuple[Allocation, ...]: ...
 
     async def close(self) -> None: ...
+
+
+class AllocatableSource(Protocol):
+    """Every resource's devices (``GetAllocatableResources``; the same
+    :class:`plugin.agent.podresources.PodResourcesClient`)."""
+
+    async def list_allocatable(self) -> tuple[ResourceDevices, ...]: ...
 
 
 class LabelSink(Protocol):
@@ -121,7 +131,10 @@ class Agent:
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         open_process: Callable[..., ProcessHandle] = open_process,
+        allocatable: AllocatableSource | None = None,
     ) -> None:
+        """``allocatable``: what other device plugins advertise, so a GPU they serve
+        is never called free (None: only their allocations are seen)."""
         self.config = config
         self.settings = config.agent
         self.backend = backend
@@ -129,6 +142,9 @@ class Agent:
         self.index = index if index is not None else PodIndex()
         self.pods_problem = pods_problem
         self.labels = labels
+        self.allocatable_source = allocatable
+        self._events = events
+        self.ownership = OwnershipReporter()
         self.metrics = metrics or AgentMetrics(backend=backend.kind)
         self.tracker = OverrunTracker()
         self.enforcer = Enforcer(
@@ -146,6 +162,7 @@ class Agent:
         """Monotonic time the last cycle finished."""
         self._readings: tuple[GpuReading, ...] = ()
         self._allocations: tuple[Allocation, ...] = ()
+        self._allocatable: tuple[ResourceDevices, ...] = ()
         self._problems: dict[Source, str | None] = {}
         self._gpu_read: asyncio.Future[tuple[GpuReading, ...]] | None = None
         self._resources_key: tuple[tuple[str, int, bool], ...] | None = None
@@ -161,7 +178,7 @@ class Agent:
         started = self._monotonic()
         stale: set[Source] = set()
         readings = await self._read_gpus(stale)
-        allocations = await self._read_allocations(stale)
+        allocations, allocatable = await self._read_allocations(stale)
         pods_problem = self.pods_problem()
         self._note("pods", pods_problem)
         if pods_problem is not None:
@@ -173,10 +190,16 @@ class Agent:
             resolve_owners, pids, proc_root=self.settings.proc_root, known=known.__contains__
         )
         snapshot, decisions = self.process(
-            readings, allocations, owners, stale=frozenset(stale), now_s=self._monotonic()
+            readings,
+            allocations,
+            owners,
+            stale=frozenset(stale),
+            now_s=self._monotonic(),
+            allocatable=allocatable,
         )
         records = await self.enforcer.execute(decisions)
         self.metrics.count(records)
+        await self._report_ownership(snapshot)
         if self.labels is not None and not stale & {"gpus", "podresources"}:
             await self.labels.sync(desired_labels(snapshot))
         self.snapshot = snapshot
@@ -222,8 +245,21 @@ class Agent:
         *,
         stale: frozenset[Source],
         now_s: float,
+        allocatable: Sequence[ResourceDevices] = (),
     ) -> tuple[Snapshot, list[Decision]]:
         """The CPU part of a cycle: join, enforcement decision, metrics update."""
+        ownership = find_foreign_claims(
+            [r.info for r in readings],
+            allocatable,
+            [
+                AssignedDevices(
+                    a.key.namespace, a.key.pod, a.key.container, a.resource, a.device_ids
+                )
+                for a in allocations
+                if a.resource not in self._resource_names
+            ],
+            own_resources=self._resource_names,
+        )
         snapshot = build_snapshot(
             readings,
             allocations,
@@ -234,6 +270,7 @@ class Agent:
             resources=self._resource_names,
             taken_at=self._wall(),
             stale=stale,
+            ownership=ownership,
         )
         decisions = self.tracker.decide(
             snapshot,
@@ -266,16 +303,36 @@ class Agent:
         stale.add("gpus")
         return self._readings
 
-    async def _read_allocations(self, stale: set[Source]) -> tuple[Allocation, ...]:
+    async def _read_allocations(
+        self, stale: set[Source]
+    ) -> tuple[tuple[Allocation, ...], tuple[ResourceDevices, ...]]:
+        """Who holds what (``List``) and what every device plugin advertises
+        (``GetAllocatableResources``), as one input: either both are fresh or
+        both are the last good ones."""
+        source = self.allocatable_source
         try:
             allocations = await self.allocation_source.list_allocations()
+            allocatable = await source.list_allocatable() if source is not None else ()
         except PodResourcesError as exc:
             self._note("podresources", str(exc))
             stale.add("podresources")
-            return self._allocations
+            return self._allocations, self._allocatable
         self._note("podresources", None)
-        self._allocations = allocations
-        return allocations
+        self._allocations, self._allocatable = allocations, allocatable
+        return allocations, allocatable
+
+    async def _report_ownership(self, snapshot: Snapshot) -> None:
+        """Log and write a Node Event for each GPU that became (or stopped being)
+        contested by another device plugin (:mod:`plugin.agent.ownership`)."""
+        notices = self.ownership.decide(snapshot)
+        node = self.settings.node_name
+        if self._events is None or node is None:
+            return
+        now = dt.datetime.fromtimestamp(self._wall(), dt.UTC)
+        for notice in notices:
+            await self._events.record(
+                build_node_event(notice, node=node, reporting_instance=node, now=now)
+            )
 
     def _resources_for(self, readings: Sequence[GpuReading]) -> dict[str, str]:
         key = tuple((r.info.uuid, r.info.index, r.info.mig_enabled) for r in readings)
@@ -402,6 +459,7 @@ class AgentRuntime:
             self.config,
             backend=backend,
             allocations=podresources,
+            allocatable=podresources,
             index=index,
             pods_problem=pods_problem,
             events=events,
