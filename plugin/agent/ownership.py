@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid as uuidlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -119,8 +118,3 @@ def build_node_event(
         "note": _cap(notice.note()),
         "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
-
-
-def contested_gpus(snapshot: Snapshot) -> Sequence[GpuView]:
-    """GPUs metagpu serves that another resource also hands out."""
-    return [g for g in snapshot.gpus if g.contested]

@@ -108,7 +108,11 @@ class OwnershipWatch:
         checked.set()
 
     def _note(self, problem: str | None) -> None:
-        if problem == self.problem:
+        """Log when reading starts failing and when it works again, never per check:
+        while it keeps failing only :attr:`problem` follows the latest reason (the
+        failing call can differ from one check to the next)."""
+        before, self.problem = self.problem, problem
+        if (before is None) == (problem is None):
             return
         if problem is None:
             logger.info("PodResources readable again: checking GPU ownership")
@@ -118,4 +122,3 @@ class OwnershipWatch:
                 "(keeping the last known answer): %s",
                 problem,
             )
-        self.problem = problem
