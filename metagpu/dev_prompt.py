@@ -20,6 +20,8 @@ commands (type them here; Ctrl-C or `quit` stops everything):
   release 1|all     end allocation #1 (or every allocation)
   devices           per-GPU health and free units, as the kubelet sees them
   xid 2 79          simulate XID 79 on GPU index 2 (appends it to the GPUs file)
+  other 1|none      pretend NVIDIA's device plugin also serves GPU index 1 (none: no GPU);
+                    metagpu withdraws a GPU another plugin hands out
   help              this list"""
 
 
@@ -52,6 +54,12 @@ class InjectXid:
 
 
 @dataclass(frozen=True)
+class OtherPlugin:
+    gpu_index: int | None
+    """The GPU another device plugin (``nvidia.com/gpu``) also advertises; None: none."""
+
+
+@dataclass(frozen=True)
 class ShowHelp:
     pass
 
@@ -61,7 +69,7 @@ class Quit:
     pass
 
 
-PromptCommand = Allocate | Release | ShowDevices | InjectXid | ShowHelp | Quit
+PromptCommand = Allocate | Release | ShowDevices | InjectXid | OtherPlugin | ShowHelp | Quit
 
 
 def parse_prompt(line: str, *, units_per_gpu: int) -> PromptCommand | None:
@@ -96,6 +104,12 @@ def parse_prompt(line: str, *, units_per_gpu: int) -> PromptCommand | None:
             raise PromptError("usage: xid <gpu index> <xid>, e.g. xid 2 79")
         index = _positive(args[0], what="GPU index", allow_zero=True)
         return InjectXid(gpu_index=index, xid=_positive(args[1], what="XID"))
+    if verb == "other":
+        if len(args) != 1:
+            raise PromptError("usage: other <gpu index> | other none, e.g. other 1")
+        if args[0].lower() == "none":
+            return OtherPlugin(gpu_index=None)
+        return OtherPlugin(gpu_index=_positive(args[0], what="GPU index", allow_zero=True))
     raise PromptError(f"unknown command {verb!r}; type `help` for the list")
 
 

@@ -33,6 +33,7 @@ from metagpu.dev_prompt import (
     PROMPT_HELP,
     Allocate,
     InjectXid,
+    OtherPlugin,
     PromptCommand,
     PromptError,
     Quit,
@@ -57,6 +58,11 @@ from webhook.server import RunningWebhook, running_webhook
 REGISTER_TIMEOUT_S: Final = 30.0
 """Generous: a cold start on a loaded 2-core machine imports grpc and NVML shims."""
 HEALTH_WAIT_S: Final = 10.0
+OWNERSHIP_CHECK_S: Final = 0.5
+"""How often the dev plugin asks the simulated kubelet which GPUs other plugins serve
+(10 s on a node; shorter here, so `other 1` shows its effect at once)."""
+OTHER_RESOURCE: Final = "nvidia.com/gpu"
+"""The other device plugin `other <gpu>` pretends to run: NVIDIA's, by GPU UUID."""
 STOP_TIMEOUT_S: Final = 20.0
 READY_LINE: Final = "metagpu dev is running"
 """First line of the banner; tests wait for it."""
@@ -108,6 +114,7 @@ async def _main(options: DevOptions) -> int:
             "device_plugins_dir": run_dir / "device-plugins",
             "gpus_file": gpus_file,
             "agent.socket_dir": run_dir / "metagpu",
+            "agent.pod_resources_socket": run_dir / "pod-resources" / "kubelet.sock",
         },
     )
     webhook_config = load_config(
@@ -129,10 +136,17 @@ async def _main(options: DevOptions) -> int:
     _read_stdin_in_background(loop, lines)
     try:
         async with (
-            KubeletSim(plugin_config.device_plugins_dir) as kubelet,
+            KubeletSim(
+                plugin_config.device_plugins_dir,
+                pod_resources_socket=plugin_config.agent.pod_resources_socket,
+            ) as kubelet,
             running_webhook(webhook_config) as hook,
         ):
-            supervisor = Supervisor(lambda: plugin_config, config=plugin_config)
+            supervisor = Supervisor(
+                lambda: plugin_config,
+                config=plugin_config,
+                ownership_interval_s=OWNERSHIP_CHECK_S,
+            )
             plugin = asyncio.create_task(supervisor.run(handle_signals=False), name="device-plugin")
             try:
                 resource = plugin_config.resources[0].name
@@ -319,6 +333,8 @@ async def _execute(s: _Session, command: PromptCommand) -> None:
             _release(s, command)
         elif isinstance(command, ShowDevices):
             _show_devices(s)
+        elif isinstance(command, OtherPlugin):
+            await _other_plugin(s, command)
         elif isinstance(command, InjectXid):
             await _inject_xid(s, command)
         elif isinstance(command, ShowHelp):
@@ -405,6 +421,46 @@ async def _inject_xid(s: _Session, command: InjectXid) -> None:
         f"GPU {command.gpu_index} is now Unhealthy: all its meta-devices left allocatable "
         f"({s.kubelet.allocatable(s.resource)} now); it recovers after "
         f"{s.plugin_config.health.recovery_s:.0f}s without errors"
+    )
+
+
+async def _other_plugin(s: _Session, command: OtherPlugin) -> None:
+    """Pretend NVIDIA's device plugin serves a GPU too, as the PodResources API would
+    show it; the plugin's ownership check withdraws that GPU within a second."""
+    rows = _gpu_rows(s)
+    if command.gpu_index is None:
+        released = {i for ids in s.kubelet.other_devices.values() for i in ids}
+        s.kubelet.other_devices.clear()
+
+        def offered(devices: list[Any]) -> bool:
+            return all(
+                d.health == "Healthy" for d in devices if parse_replica_id(d.ID)[0] in released
+            )
+
+        with contextlib.suppress(KubeletSimError):  # it may be unhealthy for another reason
+            await s.kubelet.wait_devices(s.resource, offered, timeout_s=HEALTH_WAIT_S)
+        say(f"no other device plugin now; {s.kubelet.allocatable(s.resource)} units allocatable")
+        return
+    match = [uuid for index, uuid, _ in rows if index == command.gpu_index]
+    if not match:
+        say(f"error: no GPU with index {command.gpu_index}; indices: {[r[0] for r in rows]}")
+        return
+    uuid = match[0]
+    s.kubelet.other_devices = {OTHER_RESOURCE: [uuid]}
+    gpu_ids = {uuid, str(command.gpu_index)}
+
+    def withdrawn(devices: list[Any]) -> bool:
+        return any(parse_replica_id(d.ID)[0] in gpu_ids and d.health != "Healthy" for d in devices)
+
+    try:
+        await s.kubelet.wait_devices(s.resource, withdrawn, timeout_s=HEALTH_WAIT_S)
+    except KubeletSimError:
+        say(f"GPU {command.gpu_index} is still offered after {HEALTH_WAIT_S:.0f}s")
+        return
+    say(
+        f"{OTHER_RESOURCE} now also advertises GPU {command.gpu_index} ({uuid}): metagpu "
+        f"withdrew its units ({s.kubelet.allocatable(s.resource)} allocatable now); "
+        "`other none` gives it back"
     )
 
 

@@ -19,7 +19,12 @@ manager (``pkg/kubelet/cm/devicemanager``) where a plugin can notice:
   checkpoint, and serves ``kubelet.sock`` again;
 * :meth:`KubeletSim.allocate` admits a container like the kubelet: it picks
   from healthy, unallocated devices, asks ``GetPreferredAllocation`` when the
-  plugin offers it, checks the answer, and calls ``Allocate``.
+  plugin offers it, checks the answer, and calls ``Allocate``;
+* given ``pod_resources_socket``, it also serves the PodResources API v1
+  (``GetAllocatableResources``, ``List``) in the kubelet's shapes (one
+  ``ContainerDevices`` per device): every registered plugin's devices, its
+  allocations (as pods ``dev/alloc-<n>``), and the devices of other device
+  plugins a session pretends are there (:attr:`KubeletSim.other_devices`).
 
 :class:`PluginClient` is the client half on its own: every DevicePlugin call,
 exactly as the kubelet makes it.
@@ -40,6 +45,8 @@ import grpc
 
 from plugin._pb import deviceplugin_v1beta1_pb2 as pb
 from plugin._pb import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from plugin._pb import podresources_v1_pb2 as pr_pb
+from plugin._pb import podresources_v1_pb2_grpc as pr_grpc
 from plugin.api.resources import ResourceName, ResourceNameError
 
 # The name it had before plugin/ was split by concern: log lines (text and JSON
@@ -162,9 +169,23 @@ class PluginConnection:
 class KubeletSim:
     """The kubelet's device-plugin side. ``async with KubeletSim(dir) as kubelet: ...``."""
 
-    def __init__(self, plugins_dir: Path, *, dial_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        plugins_dir: Path,
+        *,
+        dial_timeout_s: float = 5.0,
+        pod_resources_socket: Path | None = None,
+    ) -> None:
         self.plugins_dir = plugins_dir
         self.dial_timeout_s = dial_timeout_s
+        self.pod_resources_socket = pod_resources_socket
+        self.other_devices: dict[str, list[str]] = {}
+        """Resource → device IDs of device plugins that are not simulated here (what
+        NVIDIA's plugin would advertise), reported by ``GetAllocatableResources``."""
+        self.assignments: dict[str, tuple[str, list[str]]] = {}
+        """Pod name → (resource, device IDs) of every allocation still held."""
+        self._pod_resources_server: Any = None
+        self._allocations = 0
         self.registrations: list[Registration] = []
         self.rejections: list[str] = []
         """Why each refused ``Register`` was refused."""
@@ -195,6 +216,17 @@ class KubeletSim:
         await server.start()
         self._server = server
         logger.info("simulated kubelet serving %s", self.socket_path)
+        if self.pod_resources_socket is not None and self._pod_resources_server is None:
+            path = self.pod_resources_socket
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            pr_server = grpc.aio.server()
+            pr_grpc.add_PodResourcesListerServicer_to_server(_PodResourcesServicer(self), pr_server)
+            pr_server.add_insecure_port(f"unix://{path}")
+            await pr_server.start()
+            self._pod_resources_server = pr_server
+            logger.info("simulated kubelet serving PodResources on %s", path)
 
     async def stop(self) -> None:
         """Stop serving and drop every plugin connection (the kubelet process died)."""
@@ -206,6 +238,12 @@ class KubeletSim:
             await server.stop(0)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+        pr_server, self._pod_resources_server = self._pod_resources_server, None
+        if pr_server is not None:
+            await pr_server.stop(0)
+            if self.pod_resources_socket is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self.pod_resources_socket.unlink()
 
     async def restart(self) -> None:
         """A kubelet restart: stop, clean the directory like the kubelet's
@@ -292,6 +330,8 @@ class KubeletSim:
             chosen = preferred
         response = await conn.client.allocate([chosen])
         conn.allocated.update(chosen)
+        self._allocations += 1
+        self.assignments[f"alloc-{self._allocations}"] = (resource, list(chosen))
         return chosen, response.container_responses[0]
 
     async def admit_pod(
@@ -361,6 +401,10 @@ class KubeletSim:
         conn = self.plugins.get(resource)
         if conn is not None:
             conn.allocated.difference_update(ids)
+        gone = set(ids)
+        for pod, (held_resource, held) in list(self.assignments.items()):
+            if held_resource == resource and gone & set(held):
+                del self.assignments[pod]
 
     # ------------------------------------------------------------ internals
     async def _register(self, request: Any) -> str | None:
@@ -425,6 +469,40 @@ class KubeletSim:
             with contextlib.suppress(asyncio.CancelledError):
                 await conn.task
         await conn.client.close()
+
+
+class _PodResourcesServicer:
+    """``v1.PodResourcesLister`` over the simulated kubelet's state, in its shapes."""
+
+    def __init__(self, kubelet: KubeletSim) -> None:
+        self._kubelet = kubelet
+
+    async def List(self, request: Any, context: Any) -> Any:  # noqa: N802
+        response = pr_pb.ListPodResourcesResponse()
+        for pod, (resource, ids) in sorted(self._kubelet.assignments.items()):
+            entry = response.pod_resources.add(name=pod, namespace="dev")
+            container = entry.containers.add(name="main")
+            for device_id in ids:
+                container.devices.add(resource_name=resource, device_ids=[device_id])
+        return response
+
+    async def GetAllocatableResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+        response = pr_pb.AllocatableResourcesResponse()
+        for resource, conn in sorted(self._kubelet.plugins.items()):
+            for device in conn.devices:
+                nodes = [node.ID for node in device.topology.nodes]
+                if not nodes:
+                    response.devices.add(resource_name=resource, device_ids=[device.ID])
+                for node_id in nodes:  # one entry per NUMA node, as the kubelet sends
+                    entry = response.devices.add(resource_name=resource, device_ids=[device.ID])
+                    entry.topology.nodes.add(ID=node_id)
+        for resource, ids in sorted(self._kubelet.other_devices.items()):
+            for device_id in ids:
+                response.devices.add(resource_name=resource, device_ids=[device_id])
+        return response
+
+    async def Get(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Get is not simulated")
 
 
 class _RegistrationServicer:

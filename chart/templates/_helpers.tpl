@@ -100,8 +100,8 @@ agent.nodeSelector and agent.affinity replace the plugin's only when set, and
 agent.extraTolerations add to the plugin's tolerations. */}}
 {{- define "metagpu.gpuNodeScheduling" -}}
 {{- $values := .root.Values -}}
-{{- $nodeSelector := $values.plugin.nodeSelector -}}
-{{- $affinity := $values.plugin.affinity -}}
+{{- $nodeSelector := include "metagpu.gpuNodeSelector" .root | fromJson -}}
+{{- $affinity := include "metagpu.gpuNodeAffinity" .root | fromJson -}}
 {{- $tolerations := concat ($values.tolerations | default list) ($values.plugin.extraTolerations | default list) -}}
 {{- if eq .component "agent" -}}
 {{- $nodeSelector = $values.agent.nodeSelector | default $nodeSelector -}}
@@ -120,6 +120,45 @@ affinity:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{/* GPU nodes by plugin.nodeSelection, as JSON: the hand-set label
+(plugin.nodeSelector) or the label node-feature-discovery / GPU feature
+discovery put on every node with an NVIDIA GPU. */}}
+{{- define "metagpu.gpuNodeSelector" -}}
+{{- $selection := .Values.plugin.nodeSelection -}}
+{{- if eq $selection "nfd" -}}
+{{- dict "feature.node.kubernetes.io/pci-10de.present" "true" | toJson -}}
+{{- else if eq $selection "gfd" -}}
+{{- dict "nvidia.com/gpu.present" "true" | toJson -}}
+{{- else -}}
+{{- .Values.plugin.nodeSelector | default dict | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* plugin.affinity as JSON, plus, with plugin.layout owner, a required node
+affinity that keeps the plugin and agent off nodes where the GPU Operator runs
+NVIDIA's device plugin (nvidia.com/gpu.deploy.device-plugin=true): there both
+would serve every GPU. NotIn also matches nodes without the label (no GPU
+Operator). The expression is ANDed into every nodeSelectorTerm of the user's. */}}
+{{- define "metagpu.gpuNodeAffinity" -}}
+{{- $affinity := deepCopy (.Values.plugin.affinity | default dict) -}}
+{{- if eq .Values.plugin.layout "owner" -}}
+{{- $expression := dict "key" "nvidia.com/gpu.deploy.device-plugin" "operator" "NotIn" "values" (list "true") -}}
+{{- $nodeAffinity := get $affinity "nodeAffinity" | default dict -}}
+{{- $required := get $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $terms := get $required "nodeSelectorTerms" | default (list dict) -}}
+{{- $anded := list -}}
+{{- range $terms -}}
+{{- $term := deepCopy . -}}
+{{- $_ := set $term "matchExpressions" (append (get $term "matchExpressions" | default list) $expression) -}}
+{{- $anded = append $anded $term -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $anded -}}
+{{- $_ := set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $nodeAffinity -}}
+{{- end -}}
+{{- $affinity | toJson -}}
 {{- end -}}
 
 {{/* The agent's PriorityClass: agent.priorityClassName when it is set (a

@@ -6,7 +6,11 @@ Pure. Inputs, each gathered by an adapter:
 * allocations (:class:`Allocation`) from the kubelet's PodResources API: which
   container holds which meta-devices ``<gpu>::<n>``;
 * process owners: PID → container ID from ``/proc/<pid>/cgroup``;
-* the pod index: container ID → namespace/pod/container.
+* the pod index: container ID → namespace/pod/container;
+* other resources' claims on the same physical GPUs
+  (:class:`~plugin.placement.ownership.Ownership`, from the same PodResources
+  answer): a GPU that another device plugin advertises or has handed out has no
+  free units, and each of our shares on it is a :class:`Conflict`.
 
 Output: a frozen :class:`Snapshot` that enforcement, metrics, node labels and
 the mgctl API all read, so they can never disagree about the same cycle.
@@ -31,6 +35,7 @@ from plugin.api.resources import ReplicaIdError, parse_replica_id
 from plugin.gpu.backend import GpuInfo, GpuProcess, GpuUsage
 from plugin.gpu.health import GpuHealth
 from plugin.placement.devices import memory_limit_mib as memory_limit_mib  # noqa: PLC0414 - re-exported
+from plugin.placement.ownership import NO_CLAIMS, ForeignHolder, GpuClaim, Ownership
 
 MIB: Final = 1024 * 1024
 
@@ -137,11 +142,47 @@ class GpuView:
     and then ``healthy`` is the agent's own "described and read this cycle"."""
     liveness: tuple[int, int] | None = None
     """The plugin's liveness polls of this GPU since it started: (answered, failed)."""
+    claim: GpuClaim | None = None
+    """Another resource advertises or holds this GPU (another device plugin)."""
 
     @property
     def units_free(self) -> int:
-        """Units not held by any container (never negative)."""
-        return max(0, self.units_total - self.units_allocated)
+        """Units a new share could get here: :func:`free_units`."""
+        return free_units(self.units_total, self.units_allocated, claim=self.claim)
+
+    @property
+    def contested(self) -> bool:
+        """A GPU metagpu serves that another resource also hands out."""
+        return self.claim is not None and self.resource is not None
+
+
+def free_units(units_total: int, units_allocated: int, *, claim: GpuClaim | None) -> int:
+    """Free units of one GPU, counting other resources on the same physical GPU.
+
+    A GPU another resource advertises or holds has none: its whole capacity is
+    the other plugin's to hand out (the device plugin withdraws our units of it),
+    and a time-sliced or MIG device of it is no fraction metagpu can account
+    for. Otherwise what our containers do not hold (never negative). The one
+    rule for mgctl, metrics, node labels and the scheduler's ledger."""
+    if claim is not None:
+        return 0
+    return max(0, units_total - units_allocated)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Our container holds units of a GPU that another resource's container holds too."""
+
+    share: ShareView
+    other: ForeignHolder
+
+    def describe(self) -> str:
+        k = self.share.key
+        return (
+            f"{k.namespace}/{k.pod}/{k.container} holds {self.share.units} unit(s) of "
+            f"{self.share.resource} on GPU {self.share.gpu_index} ({self.share.gpu_uuid}), "
+            f"which {self.other} also holds"
+        )
 
 
 @dataclass(frozen=True)
@@ -161,6 +202,8 @@ class Snapshot:
     pods_watched: bool = True
     """False when the agent does not watch pods at all (it has no node name): pod
     names are missing by configuration, not because a watch is failing."""
+    conflicts: tuple[Conflict, ...] = ()
+    """Our shares on GPUs another resource's containers hold too, each pair once."""
     shares_by_container: Mapping[ContainerKey, tuple[ShareView, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -194,13 +237,16 @@ def build_snapshot(
     health: Mapping[str, GpuHealth] | None = None,
     liveness: Mapping[str, tuple[int, int]] | None = None,
     pods_watched: bool = True,
+    ownership: Ownership = NO_CLAIMS,
 ) -> Snapshot:
     """Join one cycle's inputs into a :class:`Snapshot`.
 
     ``owners`` maps every GPU process's PID to its container ID (None: host
     process; a PID missing from the map is treated the same); ``directory``
-    names the containers. ``resources``
-    filters the allocations: other device plugins' resources are ignored.
+    names the containers. ``resources`` filters the allocations that are
+    shares; other device plugins' resources count through ``ownership``
+    (:func:`plugin.placement.ownership.find_foreign_claims` over the same
+    answer): their GPUs have no free units and our shares on them conflict.
     ``health`` is the device plugin's board (UUID → record): a GPU on it is as
     healthy as the plugin advertises it, with the plugin's reason.
     """
@@ -324,8 +370,15 @@ def build_snapshot(
                 processes_known=reading.processes is not None,
                 health=record,
                 liveness=liveness.get(info.uuid),
+                claim=ownership.claim(info.uuid),
             )
         )
+    conflicts = tuple(
+        Conflict(share, holder)
+        for share in shares
+        if share.allocated and (claim := ownership.claim(share.gpu_uuid)) is not None
+        for holder in claim.holders
+    )
 
     by_container: dict[ContainerKey, list[ShareView]] = defaultdict(list)
     for share in shares:
@@ -339,6 +392,7 @@ def build_snapshot(
         stale=stale,
         problems=tuple(problems),
         pods_watched=pods_watched,
+        conflicts=conflicts,
         shares_by_container={k: tuple(v) for k, v in by_container.items()},
     )
 

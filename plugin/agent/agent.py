@@ -24,6 +24,7 @@ until a stop event. Signals are handled only at the top, in
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import os
 import time
@@ -62,6 +63,7 @@ from plugin.agent.kube import ApiOpener, KubeEventSink, LedgerPublisher, NodeLab
 from plugin.agent.labels import desired_labels
 from plugin.agent.ledger import build_ledger
 from plugin.agent.metrics import AgentMetrics
+from plugin.agent.ownership import OwnershipReporter, build_node_event
 from plugin.agent.podresources import PodResourcesClient, PodResourcesError
 from plugin.agent.pods import PodWatcher
 from plugin.agent.probes import ProbeServer, ProbeState
@@ -75,6 +77,7 @@ from plugin.gpu.backend import GpuBackend, GpuBackendError, GpuInfo
 from plugin.gpu.health_file import health_file_path
 from plugin.gpu.identity import GpuIdentityBook
 from plugin.placement.devices import GpuSelectionError, select_gpus
+from plugin.placement.ownership import AssignedDevices, ResourceDevices, find_foreign_claims
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +96,13 @@ class AllocationSource(Protocol):
     async def list_allocations(self) -> tuple[Allocation, ...]: ...
 
     async def close(self) -> None: ...
+
+
+class AllocatableSource(Protocol):
+    """Every resource's devices (``GetAllocatableResources``; the same
+    :class:`plugin.agent.podresources.PodResourcesClient`)."""
+
+    async def list_allocatable(self) -> tuple[ResourceDevices, ...]: ...
 
 
 class LabelSink(Protocol):
@@ -137,7 +147,10 @@ class Agent:
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         open_process: Callable[..., ProcessHandle] = open_process,
+        allocatable: AllocatableSource | None = None,
     ) -> None:
+        """``allocatable``: what other device plugins advertise, so a GPU they serve
+        is never called free (None: only their allocations are seen)."""
         self.config = config
         self.settings = config.agent
         self.backend = backend
@@ -155,6 +168,9 @@ class Agent:
         self.labels = labels
         self.ledger = ledger
         self._ledger_withdrawn = False
+        self.allocatable_source = allocatable
+        self._events = events
+        self.ownership = OwnershipReporter()
         self.metrics = metrics or AgentMetrics(backend=backend.kind)
         self.tracker = OverrunTracker()
         self.enforcer = Enforcer(
@@ -172,6 +188,7 @@ class Agent:
         """Monotonic time the last cycle finished."""
         self._readings: tuple[GpuReading, ...] = ()
         self._allocations: tuple[Allocation, ...] = ()
+        self._allocatable: tuple[ResourceDevices, ...] = ()
         self._problems: dict[Source, str | None] = {}
         self._gpu_read: asyncio.Future[tuple[GpuReading, ...]] | None = None
         self._resources_key: tuple[tuple[str, int, bool], ...] | None = None
@@ -187,7 +204,7 @@ class Agent:
         started = self._monotonic()
         stale: set[Source] = set()
         readings = await self._read_gpus(stale)
-        allocations = await self._read_allocations(stale)
+        allocations, allocatable = await self._read_allocations(stale)
         pods_problem = self.pods_problem() if self.pods_watched else None
         self._note("pods", pods_problem)
         if pods_problem is not None:
@@ -199,10 +216,16 @@ class Agent:
             resolve_owners, pids, proc_root=self.settings.proc_root, known=known.__contains__
         )
         snapshot, decisions = self.process(
-            readings, allocations, owners, stale=frozenset(stale), now_s=self._monotonic()
+            readings,
+            allocations,
+            owners,
+            stale=frozenset(stale),
+            now_s=self._monotonic(),
+            allocatable=allocatable,
         )
         records = await self.enforcer.execute(decisions)
         self.metrics.count(records)
+        await self._report_ownership(snapshot)
         if not stale & {"gpus", "podresources"}:
             # Both describe what the kubelet allocated: a stale input would
             # publish yesterday's truth as today's, so they wait for a good read.
@@ -278,9 +301,22 @@ class Agent:
         *,
         stale: frozenset[Source],
         now_s: float,
+        allocatable: Sequence[ResourceDevices] = (),
     ) -> tuple[Snapshot, list[Decision]]:
         """The CPU part of a cycle: join, enforcement decision, metrics update."""
         board = self.board.last
+        ownership = find_foreign_claims(
+            [r.info for r in readings],
+            allocatable,
+            [
+                AssignedDevices(
+                    a.key.namespace, a.key.pod, a.key.container, a.resource, a.device_ids
+                )
+                for a in allocations
+                if a.resource not in self._resource_names
+            ],
+            own_resources=self._resource_names,
+        )
         snapshot = build_snapshot(
             readings,
             allocations,
@@ -294,6 +330,7 @@ class Agent:
             health=board.health() if board is not None else None,
             liveness=board.liveness() if board is not None else None,
             pods_watched=self.pods_watched,
+            ownership=ownership,
         )
         decisions = self.tracker.decide(
             snapshot,
@@ -337,16 +374,36 @@ class Agent:
         stale.add("gpus")
         return self._readings
 
-    async def _read_allocations(self, stale: set[Source]) -> tuple[Allocation, ...]:
+    async def _read_allocations(
+        self, stale: set[Source]
+    ) -> tuple[tuple[Allocation, ...], tuple[ResourceDevices, ...]]:
+        """Who holds what (``List``) and what every device plugin advertises
+        (``GetAllocatableResources``), as one input: either both are fresh or
+        both are the last good ones."""
+        source = self.allocatable_source
         try:
             allocations = await self.allocation_source.list_allocations()
+            allocatable = await source.list_allocatable() if source is not None else ()
         except PodResourcesError as exc:
             self._note("podresources", str(exc))
             stale.add("podresources")
-            return self._allocations
+            return self._allocations, self._allocatable
         self._note("podresources", None)
-        self._allocations = allocations
-        return allocations
+        self._allocations, self._allocatable = allocations, allocatable
+        return allocations, allocatable
+
+    async def _report_ownership(self, snapshot: Snapshot) -> None:
+        """Log and write a Node Event for each GPU that became (or stopped being)
+        contested by another device plugin (:mod:`plugin.agent.ownership`)."""
+        notices = self.ownership.decide(snapshot)
+        node = self.settings.node_name
+        if self._events is None or node is None:
+            return
+        now = dt.datetime.fromtimestamp(self._wall(), dt.UTC)
+        for notice in notices:
+            await self._events.record(
+                build_node_event(notice, node=node, reporting_instance=node, now=now)
+            )
 
     def _resources_for(self, readings: Sequence[GpuReading]) -> dict[str, str]:
         key = tuple((r.info.uuid, r.info.index, r.info.mig_enabled) for r in readings)
@@ -473,6 +530,7 @@ class AgentRuntime:
             self.config,
             backend=backend,
             allocations=podresources,
+            allocatable=podresources,
             index=index,
             pods_problem=pods_problem,
             pods_watched=settings.node_name is not None,

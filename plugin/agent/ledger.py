@@ -49,6 +49,10 @@ def gpu_health(gpu: GpuView) -> tuple[bool, str]:
     agent's own notion (discovered and read this cycle). So the extender never
     offers a GPU the plugin has withdrawn.
     """
+    if gpu.claim is not None:
+        # Another device plugin hands this GPU out: never offer it (issue 20),
+        # even before the plugin's board says so.
+        return False, gpu.claim.reason()
     if gpu.healthy:
         return True, ""
     return False, gpu.problem or "the GPU could not be read"

@@ -142,6 +142,17 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
         labels=(*GPU_LABELS, "result"),
     )
     procs = gauge("gpu_processes", "Compute processes on the GPU.", GPU_LABELS)
+    units_free = gauge(
+        "gpu_units_free",
+        "Units a new share could get: 0 on a GPU another device plugin hands out.",
+        GPU_LABELS,
+    )
+    foreign = gauge(
+        "gpu_foreign_claim",
+        "1 per other resource that advertises or holds this GPU (another device plugin); "
+        "on a GPU with a metagpu resource, its units are withdrawn.",
+        (*GPU_LABELS, "other_resource"),
+    )
     per_gpu_procs: dict[str, int] = {}
     for p in snapshot.processes:
         per_gpu_procs[p.gpu_uuid] = per_gpu_procs.get(p.gpu_uuid, 0) + 1
@@ -165,8 +176,11 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
             liveness.add_metric((*values, "failed"), g.liveness[1])
         if g.processes_known:
             procs.add_metric(values, per_gpu_procs.get(g.uuid, 0))
+        units_free.add_metric(values, g.units_free)
+        for other in g.claim.resources if g.claim is not None else ():
+            foreign.add_metric((*values, other), 1)
     yield from (units_total, units_alloc, mem_total, mem_used, unattributed, util, healthy, procs)
-    yield from (health_info, liveness)
+    yield from (health_info, liveness, units_free, foreign)
 
     c_units = gauge("container_units", "Units of the GPU the container holds.", CONTAINER_LABELS)
     c_limit = gauge(
@@ -210,3 +224,28 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
             c_util.add_metric(values, s.utilization_percent / 100)
         c_procs.add_metric(values, len(s.pids))
     yield from (c_units, c_limit, c_used, c_util, c_procs, c_over)
+
+    conflict = gauge(
+        "share_conflict",
+        "Units our container holds on a GPU that another resource's container holds too "
+        "(both pods named); any series here means one GPU has two owners.",
+        (*CONTAINER_LABELS, "other_resource", "other_namespace", "other_pod", "other_container"),
+    )
+    for c in snapshot.conflicts:
+        s, o = c.share, c.other
+        conflict.add_metric(
+            (
+                s.key.namespace,
+                s.key.pod,
+                s.key.container,
+                s.gpu_uuid,
+                str(s.gpu_index),
+                s.resource,
+                o.resource,
+                o.namespace,
+                o.pod,
+                o.container,
+            ),
+            s.units,
+        )
+    yield conflict

@@ -298,6 +298,15 @@ def render_processes(doc: Json) -> str:
     return describe_scope(doc) + "\n\n" + table
 
 
+def _gpu_health(g: Json) -> str:
+    others = ", ".join((g.get("otherOwner") or {}).get("resources") or [])
+    if others and g.get("resource"):
+        return f"Withdrawn: also {others}"
+    if others:
+        return f"Served by {others}"
+    return "Healthy" if g.get("healthy") else "Unhealthy: {}".format(g.get("problem") or "?")
+
+
 def render_devices(doc: Json) -> str:
     items: list[Json] = doc.get("items") or []
     header = describe_scope(doc)
@@ -316,7 +325,9 @@ def render_devices(doc: Json) -> str:
                     fmt_pair_mib(share.get("memoryUsedMiB"), share.get("memoryLimitMiB")),
                     fmt_mib(g.get("memoryTotalMiB")),
                     fmt_percent(share.get("utilizationPercent")),
-                    "OVER LIMIT" if share.get("overLimit") else "ok",
+                    "CONFLICT: also {}".format(", ".join(g["otherOwner"]["resources"]))
+                    if (g.get("otherOwner") or {}).get("resources")
+                    else ("OVER LIMIT" if share.get("overLimit") else "ok"),
                 ]
             )
         table = render_table(
@@ -329,7 +340,28 @@ def render_devices(doc: Json) -> str:
         return header + "\n\nNo GPUs on this node."
     rows = []
     share_rows = []
+    conflict_lines: list[str] = []
     for g in items:
+        other = g.get("otherOwner") or {}
+        if other and g.get("resource"):
+            conflict_lines.append(
+                "GPU {}: also handed out by {}; its units are withdrawn.".format(
+                    g.get("index"), ", ".join(other.get("resources") or [])
+                )
+            )
+            for c in other.get("conflicts") or []:
+                conflict_lines.append(
+                    "  CONFLICT: {}/{}/{} holds {} unit(s); {}/{}/{} holds it through {}".format(
+                        c.get("namespace"),
+                        c.get("pod"),
+                        c.get("container"),
+                        c.get("units"),
+                        c.get("otherNamespace"),
+                        c.get("otherPod"),
+                        c.get("otherContainer"),
+                        c.get("otherResource"),
+                    )
+                )
         rows.append(
             [
                 str(g.get("index")),
@@ -339,7 +371,7 @@ def render_devices(doc: Json) -> str:
                 fmt_percent(g.get("utilizationPercent")),
                 "{}/{}".format(g.get("unitsAllocated", 0), g.get("unitsTotal", 0)),
                 str(g.get("processes", 0)),
-                "Healthy" if g.get("healthy") else "Unhealthy: {}".format(g.get("problem") or "?"),
+                _gpu_health(g),
             ]
         )
         for s in g.get("shares") or []:
@@ -380,6 +412,11 @@ def render_devices(doc: Json) -> str:
             ],
             share_rows,
             right=(0, 5, 6),
+        )
+    if conflict_lines:
+        out += (
+            "\n\nAnother device plugin hands out GPUs metagpu serves "
+            "(docs/install.md#one-owner-per-gpu):\n" + "\n".join(conflict_lines)
         )
     return out
 

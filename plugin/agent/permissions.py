@@ -34,7 +34,8 @@ PERMISSIONS: Final = (
         resource="events",
         verbs=frozenset({"create"}),
         namespaced=False,
-        why="record memory-enforcement Events on pods in any namespace; events.k8s.io/v1 "
-        "for its action/reportingController/reportingInstance fields",
+        why="record memory-enforcement Events on pods in any namespace, and GPU-ownership "
+        "Events on its Node (namespace default); events.k8s.io/v1 for its "
+        "action/reportingController/reportingInstance fields",
     ),
 )

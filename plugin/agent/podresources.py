@@ -25,6 +25,7 @@ from plugin._pb import podresources_v1_pb2 as pb
 from plugin._pb import podresources_v1_pb2_grpc as pb_grpc
 from plugin.agent.accounting import Allocation
 from plugin.agent.containers import ContainerKey
+from plugin.placement.ownership import ResourceDevices
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,26 @@ class PodResourcesClient:
             ) from exc
         return allocations_from_response(response)
 
+    async def list_allocatable(self) -> tuple[ResourceDevices, ...]:
+        """Every device the kubelet knows, of every resource (``GetAllocatableResources``):
+        how the agent sees GPUs another device plugin also advertises."""
+        if not self.socket_path.exists():
+            raise PodResourcesError(
+                f"kubelet PodResources socket {self.socket_path} does not exist"
+            )
+        stub = self._connect()
+        try:
+            response = await stub.GetAllocatableResources(
+                pb.AllocatableResourcesRequest(), timeout=self.timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            await self.close()
+            raise PodResourcesError(
+                f"kubelet PodResources GetAllocatableResources on {self.socket_path} failed: "
+                f"{exc.code().name}: {exc.details()}"
+            ) from exc
+        return allocatable_from_response(response)
+
     async def close(self) -> None:
         """Close the channel; the next call opens a new one."""
         channel, self._channel, self._stub = self._channel, None, None
@@ -85,18 +106,29 @@ class PodResourcesClient:
 
 
 def allocations_from_response(response: pb.ListPodResourcesResponse) -> tuple[Allocation, ...]:
-    """The protobuf answer as plain values: one per (container, resource) with devices."""
-    out: list[Allocation] = []
+    """The protobuf answer as plain values: one per (container, resource) with devices.
+
+    The kubelet sends one ``ContainerDevices`` per device (per NUMA node), so
+    the entries of one container and resource are joined here, each ID once."""
+    merged: dict[tuple[ContainerKey, str], dict[str, None]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             key = ContainerKey(pod.namespace, pod.name, container.name)
             for devices in container.devices:
                 if devices.device_ids:
-                    out.append(
-                        Allocation(
-                            key=key,
-                            resource=devices.resource_name,
-                            device_ids=tuple(devices.device_ids),
-                        )
-                    )
-    return tuple(out)
+                    ids = merged.setdefault((key, devices.resource_name), {})
+                    ids.update(dict.fromkeys(devices.device_ids))
+    return tuple(
+        Allocation(key=key, resource=resource, device_ids=tuple(ids))
+        for (key, resource), ids in merged.items()
+    )
+
+
+def allocatable_from_response(
+    response: pb.AllocatableResourcesResponse,
+) -> tuple[ResourceDevices, ...]:
+    """``GetAllocatableResources`` as plain values: every resource's devices, each ID once."""
+    merged: dict[str, dict[str, None]] = {}
+    for devices in response.devices:
+        merged.setdefault(devices.resource_name, {}).update(dict.fromkeys(devices.device_ids))
+    return tuple(ResourceDevices(name, tuple(ids)) for name, ids in merged.items())

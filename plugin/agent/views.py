@@ -136,6 +136,7 @@ def device_list(snapshot: Snapshot, caller: Caller, *, node: str | None) -> Json
                     "unitsFree": g.units_free,
                     "processes": counts.get(g.uuid, 0),
                     "shares": [_share_doc(s) for s in by_gpu.get(g.uuid, [])],
+                    "otherOwner": _other_owner(g, snapshot),
                 }
             )
     else:
@@ -144,7 +145,11 @@ def device_list(snapshot: Snapshot, caller: Caller, *, node: str | None) -> Json
             gpu = gpus.get(s.gpu_uuid)
             if gpu is None:
                 continue
-            items.append(_gpu_static(gpu) | {"share": _share_doc(s, with_owner=False)})
+            doc = _gpu_static(gpu) | {"share": _share_doc(s, with_owner=False)}
+            if gpu.claim is not None:
+                # The reason names resources and counts, never another tenant's pod.
+                doc["otherOwner"] = {"resources": list(gpu.claim.resources)}
+            items.append(doc)
     return _envelope("DeviceList", snapshot, caller, node) | {"items": items}
 
 
@@ -192,6 +197,41 @@ def _health_doc(g: GpuView) -> Json:
         "check": h.check,
         "since": iso_time(h.since) if h.since else None,
         "source": "plugin",
+    }
+
+
+def _other_owner(g: GpuView, snapshot: Snapshot) -> Json | None:
+    """Another device plugin's claim on this GPU (node scope): which resources, why
+    its units are withdrawn, and each of our shares that conflicts, both pods named."""
+    if g.claim is None:
+        return None
+    return {
+        "resources": list(g.claim.resources),
+        "reason": g.claim.reason(),
+        "holders": [
+            {
+                "namespace": h.namespace,
+                "pod": h.pod,
+                "container": h.container,
+                "resource": h.resource,
+                "deviceId": h.device_id,
+            }
+            for h in g.claim.holders
+        ],
+        "conflicts": [
+            {
+                "namespace": c.share.key.namespace,
+                "pod": c.share.key.pod,
+                "container": c.share.key.container,
+                "units": c.share.units,
+                "otherNamespace": c.other.namespace,
+                "otherPod": c.other.pod,
+                "otherContainer": c.other.container,
+                "otherResource": c.other.resource,
+            }
+            for c in snapshot.conflicts
+            if c.share.gpu_uuid == g.uuid
+        ],
     }
 
 

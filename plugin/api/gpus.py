@@ -32,6 +32,10 @@ class GpuInfo:
     """NUMA node of the GPU's PCI root, None when unknown or single-node."""
     mig_enabled: bool = False
     """MIG mode on: the GPU is split by hardware and cannot be shared as a whole."""
+    mig_devices: tuple[str, ...] = ()
+    """UUIDs (``MIG-…``) of the MIG devices on this GPU, when MIG is on: how
+    another plugin's ``MIG-<uuid>`` device is traced back to its GPU
+    (:mod:`plugin.placement.ownership`)."""
     unhealthy_reason: str | None = None
     """Set when discovery itself failed for this GPU (an NVML call errored): the
     GPU is advertised as Unhealthy instead of crashing the plugin."""

@@ -55,6 +55,8 @@ from plugin.api.resources import ResourceName
 from plugin.api.settings import ConfigError
 from plugin.deviceplugin.assignments import AssignmentBook
 from plugin.deviceplugin.inotify import DirectoryWatcher, DirEvent
+from plugin.deviceplugin.ownership import DEFAULT_INTERVAL_S, NodeDevicesSource, OwnershipWatch
+from plugin.deviceplugin.podresources import PodResourcesReader
 from plugin.deviceplugin.server import KUBELET_SOCKET_NAME, PluginServer, PluginServerError
 from plugin.deviceplugin.servicer import DevicePluginServicer
 from plugin.gpu.backend import GpuBackend, GpuBackendError, NullBackend
@@ -98,17 +100,26 @@ def open_configured_backend(config: PluginConfig) -> GpuBackend:
     return open_backend(gpus_file=config.gpus_file)
 
 
+def open_pod_resources(config: PluginConfig) -> NodeDevicesSource:
+    """The kubelet's PodResources API at the path the node agent reads it from too."""
+    return PodResourcesReader(
+        config.agent.pod_resources_socket, timeout_s=config.agent.pod_resources_timeout_s
+    )
+
+
 @dataclass
 class _Node:
     config: PluginConfig
     backend: GpuBackend
     monitor: HealthMonitor | None
+    pod_resources: NodeDevicesSource | None = None
 
 
 @dataclass
 class _Serving:
     tables: list[DeviceTable] = field(default_factory=list)
     servers: list[PluginServer] = field(default_factory=list)
+    ownership: asyncio.Task[None] | None = None
 
 
 class Supervisor:
@@ -126,6 +137,8 @@ class Supervisor:
         register_timeout_s: float = 5.0,
         stop_grace_s: float = 1.0,
         open_api: ApiOpener | None = None,
+        pod_resources_factory: Callable[[PluginConfig], NodeDevicesSource] = open_pod_resources,
+        ownership_interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
         """``open_api`` opens the Kubernetes API for the pod watch (None: no API,
         the placement policy alone decides, as without the extender)."""
@@ -141,6 +154,10 @@ class Supervisor:
         self.settle_s = settle_s
         self.register_timeout_s = register_timeout_s
         self.stop_grace_s = stop_grace_s
+        self._pod_resources_factory = pod_resources_factory
+        self.ownership_interval_s = ownership_interval_s
+        self.ownership: OwnershipWatch | None = None
+        """The check that withdraws GPUs another device plugin hands out (while serving)."""
         self.board: HealthBoard | None = None
         self.identities = GpuIdentityBook()
         """Every GPU identity seen since start: a GPU lost at a rediscovery keeps
@@ -421,7 +438,12 @@ class Supervisor:
                 "except GPUs whose discovery failed"
             )
         logger.info("GPU backend: %s", getattr(backend, "kind", type(backend).__name__))
-        return _Node(config=config, backend=backend, monitor=monitor)
+        return _Node(
+            config=config,
+            backend=backend,
+            monitor=monitor,
+            pod_resources=self._pod_resources_factory(config),
+        )
 
     async def _stop_node(self) -> None:
         node, self._node = self._node, None
@@ -431,6 +453,8 @@ class Supervisor:
     async def _close_node(self, node: _Node) -> None:
         if node.monitor is not None:
             await node.monitor.stop()
+        if node.pod_resources is not None:
+            await node.pod_resources.close()
         try:
             await asyncio.to_thread(node.backend.close)
         except GpuBackendError as exc:
@@ -469,6 +493,7 @@ class Supervisor:
             logger.info("no GPUs to advertise on this node; waiting (SIGHUP re-reads the config)")
             self.state = "idle"
             return None
+        await self._start_ownership(config)
         kubelet_socket = config.device_plugins_dir / KUBELET_SOCKET_NAME
         if not kubelet_socket.exists():
             logger.info("waiting for the kubelet to create %s", kubelet_socket)
@@ -548,7 +573,32 @@ class Supervisor:
         self._serving.servers.append(server)
         await server.register(kubelet_socket, timeout_s=self.register_timeout_s)
 
+    async def _start_ownership(self, config: PluginConfig) -> None:
+        """Check once before registering (so the first ListAndWatch already leaves out
+        GPUs another plugin hands out), then every ``ownership_interval_s``."""
+        assert self._node is not None
+        assert self.board is not None
+        source = self._node.pod_resources
+        if source is None:
+            return
+        serving = self._serving
+        watch = OwnershipWatch(
+            self.board,
+            source,
+            gpus=lambda: [g.info for t in serving.tables for g in t.gpus],
+            own_resources=lambda: [r.name for r in config.resources],
+            interval_s=self.ownership_interval_s,
+        )
+        self.ownership = watch
+        await watch.check()
+        serving.ownership = asyncio.create_task(watch.run(), name="gpu-ownership-check")
+
     async def _stop_serving(self) -> None:
+        ownership, self._serving.ownership = self._serving.ownership, None
+        if ownership is not None:
+            ownership.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ownership
         servers, self._serving.servers = self._serving.servers, []
         for server in servers:
             try:

@@ -48,7 +48,16 @@ HealthState = Literal["Healthy", "Unhealthy"]
 """The kubelet's two device health values (``v1beta1.Healthy``/``Unhealthy``)."""
 
 Check = Literal[
-    "", "xid", "ecc", "lost", "driver", "discovery", "volatile-ecc", "row-remap", "retired-pages"
+    "",
+    "xid",
+    "ecc",
+    "lost",
+    "driver",
+    "discovery",
+    "volatile-ecc",
+    "row-remap",
+    "retired-pages",
+    "foreign",
 ]
 """Which check took the GPU out of service (empty while Healthy): a short, fixed
 word for metrics labels and alerts; :attr:`GpuHealth.reason` has the details."""

@@ -32,10 +32,10 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 from plugin.api.gpus import GpuInfo
-from plugin.gpu.health import HEALTHY, UNHEALTHY, GpuHealth
+from plugin.gpu.health import HEALTHY, UNHEALTHY, Check, GpuHealth
 from plugin.gpu.health_monitor import HealthBoard
 
 # Logged under the plugin's health logger: a failed publish is a health matter.
@@ -44,9 +44,8 @@ logger = logging.getLogger("plugin.health_monitor")
 HEALTH_FILE_NAME: Final = "metagpu-gpu-health.json"
 API_VERSION: Final = "v1"
 KIND: Final = "GpuHealthBoard"
-_CHECKS: Final = frozenset(
-    {"", "xid", "ecc", "lost", "driver", "discovery", "volatile-ecc", "row-remap", "retired-pages"}
-)
+_CHECKS: Final = frozenset(get_args(Check))
+"""Every value of :data:`plugin.gpu.health.Check` (one list, not a copy that can drift)."""
 
 
 class HealthFileError(Exception):

@@ -81,9 +81,45 @@ class HealthBoard:
         self._since: dict[str, float] = {}
         self._liveness: dict[str, LivenessCount] = {}
         self._listeners: list[Callable[[HealthBoard], None]] = []
+        self._foreign: dict[str, str] = {}
+        """GPU UUID → why another device plugin's resource claims it
+        (:mod:`plugin.placement.ownership`). Kept apart from the ledger: it is not
+        a fault, no probe heals it, and it ends only when the other plugin lets go."""
 
     def snapshot(self) -> HealthSnapshot:
-        return HealthSnapshot(version=self._version, unhealthy=self.ledger.unhealthy())
+        unhealthy = dict(self.ledger.unhealthy())
+        for uuid, reason in self._foreign.items():
+            other = unhealthy.get(uuid)
+            unhealthy[uuid] = reason if other is None else f"{reason}; also {other}"
+        return HealthSnapshot(version=self._version, unhealthy=unhealthy)
+
+    @property
+    def foreign(self) -> Mapping[str, str]:
+        """GPU UUID → reason, for every GPU another resource claims now."""
+        return dict(self._foreign)
+
+    def set_foreign(self, reasons: Mapping[str, str]) -> None:
+        """Replace the set of GPUs another resource claims; log each GPU once when it
+        is withdrawn for that and once when it is offered again (never per check)."""
+        if reasons == self._foreign:
+            return
+        for uuid, reason in reasons.items():
+            if uuid not in self._foreign:
+                logger.warning(
+                    "GPU withdrawn, all its meta-devices Unhealthy: %s",
+                    reason,
+                    extra={"gpu": uuid},
+                )
+        for uuid in self._foreign.keys() - reasons.keys():
+            logger.info(
+                "GPU no longer handed out by another device plugin; offered again",
+                extra={"gpu": uuid},
+            )
+        now = self.wall()
+        for uuid in reasons.keys() ^ self._foreign.keys():
+            self._since[uuid] = now
+        self._foreign = dict(reasons)
+        self._bump()
 
     # ------------------------------------------------ the one health record
     def set_gpus(self, infos: Iterable[GpuInfo]) -> None:
@@ -101,9 +137,17 @@ class HealthBoard:
         return dict(self._gpus)
 
     def record_of(self, uuid: str) -> GpuHealth:
-        """The health record of one GPU (Healthy for one the board holds nothing against)."""
+        """The health record of one GPU (Healthy for one the board holds nothing against).
+
+        Another device plugin's claim (:meth:`set_foreign`) outranks a fault: no
+        probe heals it, so it is the check an operator must act on first.
+        """
         reason = self.ledger.unhealthy().get(uuid)
         since = self._since.get(uuid, 0.0)
+        foreign = self._foreign.get(uuid)
+        if foreign is not None:
+            shown = foreign if reason is None else f"{foreign}; also {reason}"
+            return GpuHealth(uuid=uuid, state=UNHEALTHY, reason=shown, check="foreign", since=since)
         if reason is None:
             return GpuHealth(uuid=uuid, state=HEALTHY, reason="", check="", since=since)
         return GpuHealth(
@@ -170,6 +214,9 @@ class HealthBoard:
                     change.reason,
                     extra={"gpu": change.uuid},
                 )
+        self._bump()
+
+    def _bump(self) -> None:
         self._version += 1
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()

@@ -155,6 +155,8 @@ class NvmlBackend:
             bus_id = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
             step = "read the MIG mode"
             mig = self._mig_enabled(handle)
+            step = "list the MIG devices"
+            migs = self._mig_devices(handle) if mig else ()
         except pynvml.NVMLError as exc:
             reason = f"NVML could not {step} of GPU {index}: {exc}"
             # DEBUG only: discovery runs every agent cycle; the callers log a
@@ -180,6 +182,7 @@ class NvmlBackend:
             pci_bus_id=bus_id,
             numa_node=self._numa_node(bus_id),
             mig_enabled=mig,
+            mig_devices=migs,
         )
 
     @staticmethod
@@ -191,6 +194,21 @@ class NvmlBackend:
                 return False  # pre-Ampere GPUs have no MIG at all
             raise
         return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+    @staticmethod
+    def _mig_devices(handle: Any) -> tuple[str, ...]:
+        """The UUIDs of the MIG devices on a MIG-enabled GPU (empty slots are skipped):
+        another plugin names MIG devices by these (:mod:`plugin.placement.ownership`)."""
+        uuids: list[str] = []
+        for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except pynvml.NVMLError as exc:
+                if _code(exc) == pynvml.NVML_ERROR_NOT_FOUND:
+                    continue
+                raise
+            uuids.append(_text(pynvml.nvmlDeviceGetUUID(mig)))
+        return tuple(uuids)
 
     def _numa_node(self, bus_id: str) -> int | None:
         """NVML bus ids have an 8-digit domain (``00000000:3B:00.0``); sysfs uses 4,

@@ -101,6 +101,8 @@ class SimulatedGpu(StrictModel):
     minor_number: int | None = Field(default=None, ge=0)
     pci_bus_id: str | None = None
     mig_enabled: bool = False
+    mig_devices: list[str] = Field(default_factory=list)
+    """UUIDs (``MIG-…``) of the MIG devices on this GPU, as NVML would list them."""
     utilization_percent: int | None = Field(default=0, ge=0, le=100)
     memory_reserved_mib: int = Field(default=0, ge=0)
     """Memory in use that no listed process holds (driver, context overhead)."""
@@ -337,6 +339,7 @@ class SimulatedGpus:
             pci_bus_id=gpu.pci_bus_id or f"00000000:{0x10 + index:02X}:00.0",
             numa_node=gpu.numa_node,
             mig_enabled=gpu.mig_enabled,
+            mig_devices=tuple(gpu.mig_devices),
             unhealthy_reason=(
                 f"simulated discovery failure on {gpu.uuid}" if gpu.fail == "discovery" else None
             ),

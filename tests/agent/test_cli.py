@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -154,19 +155,30 @@ def test_metagpu_agent_process_serves_and_stops_on_sigterm(short_tmp_path: Path)
         stderr=subprocess.STDOUT,
         text=True,
     )
+    lines: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 60
-        while not (socket_dir / AGENT_SOCKET_NAME).exists():
-            assert proc.poll() is None, proc.communicate()[0]
-            assert time.monotonic() < deadline, "agent socket never appeared"
-            time.sleep(0.05)
+        # Ready means: serving, and the first cycle has run (it reports the
+        # missing kubelet); a SIGTERM before that would race the first cycle.
+        while not (
+            (socket_dir / AGENT_SOCKET_NAME).exists()
+            and any("kubelet PodResources socket" in line for line in list(lines))
+        ):
+            assert proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "agent never served:\n" + "".join(lines)
+            time.sleep(0.05)  # polling a condition, bounded by the deadline
         assert (socket_dir / MGCTL_FILE_NAME).exists()
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        reader.join(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+    out = "".join(lines)
     assert proc.returncode == 0, out
     assert not (socket_dir / AGENT_SOCKET_NAME).exists()
     assert "node agent starting" in out

@@ -83,7 +83,7 @@ async def test_harness_speaks_the_real_service(short_tmp_path: Path) -> None:
     """A plain generated stub (what any kubelet client uses) talks to the harness."""
     sock = short_tmp_path / "kubelet.sock"
     async with running_pod_resources(sock, FakePodResources()) as kubelet:
-        kubelet.allocatable = {R: ["GPU-a::0", "GPU-a::1"]}
+        kubelet.advertise(R, ["GPU-a::0", "GPU-a::1"], numa=1)
         kubelet.assign("ml", "a", "main", R, ["GPU-a::0"])
         async with grpc.aio.insecure_channel(f"unix://{sock}") as channel:
             stub = pb_grpc.PodResourcesListerStub(channel)
@@ -91,6 +91,29 @@ async def test_harness_speaks_the_real_service(short_tmp_path: Path) -> None:
             one = await stub.Get(pb.GetPodResourcesRequest(pod_name="a", pod_namespace="ml"))
             with pytest.raises(grpc.aio.AioRpcError) as missing:
                 await stub.Get(pb.GetPodResourcesRequest(pod_name="x", pod_namespace="ml"))
-    assert list(alloc.devices[0].device_ids) == ["GPU-a::0", "GPU-a::1"]
+    # The kubelet's shape: one ContainerDevices per device, with its NUMA node.
+    assert [list(d.device_ids) for d in alloc.devices] == [["GPU-a::0"], ["GPU-a::1"]]
+    assert [[n.ID for n in d.topology.nodes] for d in alloc.devices] == [[1], [1]]
     assert one.pod_resources.containers[0].devices[0].device_ids == ["GPU-a::0"]
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_allocatable_joins_the_kubelets_per_device_entries(short_tmp_path: Path) -> None:
+    sock = short_tmp_path / "kubelet.sock"
+    async with running_pod_resources(sock) as kubelet:
+        kubelet.advertise(R, ["GPU-a::0", "GPU-a::1"])
+        kubelet.advertise("nvidia.com/gpu", ["GPU-b"], numa=0)
+        kubelet.assign("ml", "a", "main", R, ["GPU-a::0", "GPU-a::1"])
+        client = PodResourcesClient(sock, timeout_s=5)
+        try:
+            allocatable = await client.list_allocatable()
+            allocations = await client.list_allocations()
+        finally:
+            await client.close()
+    assert {(d.resource_name, d.device_ids) for d in allocatable} == {
+        (R, ("GPU-a::0", "GPU-a::1")),
+        ("nvidia.com/gpu", ("GPU-b",)),
+    }
+    assert allocations == (
+        Allocation(ContainerKey("ml", "a", "main"), R, ("GPU-a::0", "GPU-a::1")),
+    )

@@ -4,9 +4,17 @@ It speaks the real ``v1.PodResourcesLister`` messages (the stubs generated from
 ``plugin/proto/podresources_v1.proto``), so the agent's client is tested over
 the same wire as against a kubelet. The state is what the kubelet's device
 manager would hold: which pod/container has which device IDs of which
-resource. Tests change it with :meth:`FakePodResources.assign` and
-:meth:`FakePodResources.release`, and can make calls fail like a wedged
-kubelet (:attr:`FakePodResources.fail_with`).
+resource. Tests change it with :meth:`FakePodResources.assign`,
+:meth:`FakePodResources.advertise` and :meth:`FakePodResources.release`, and
+can make calls fail like a wedged kubelet (:attr:`FakePodResources.fail_with`).
+
+Message shapes are the kubelet's own (``pkg/kubelet/apis/podresources/server_v1.go``
+and ``containerDevicesFromResourceDeviceInstances`` in
+``pkg/kubelet/cm/container_manager_linux.go``): both ``List`` and
+``GetAllocatableResources`` send **one** ``ContainerDevices`` per device, with
+that device's NUMA node in ``topology`` (one entry per NUMA node), or without
+``topology`` when the plugin reported none. A client that assumed one entry
+per resource would miscount against a real kubelet.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -34,6 +43,9 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
     def __init__(self) -> None:
         self._pods: dict[tuple[str, str], dict[str, _Container]] = {}
         self.allocatable: dict[str, list[str]] = {}
+        """Resource → device IDs the kubelet knows (every device plugin's, not only ours)."""
+        self.numa: dict[str, int] = {}
+        """Device ID → NUMA node, for the devices whose plugin reported topology."""
         self.calls: list[str] = []
         self.fail_with: grpc.StatusCode | None = None
 
@@ -44,6 +56,15 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
         """Give ``container`` these device IDs of ``resource`` (replacing earlier ones)."""
         containers = self._pods.setdefault((namespace, pod), {})
         containers.setdefault(container, _Container()).devices[resource] = list(device_ids)
+
+    def advertise(
+        self, resource: str, device_ids: Sequence[str], *, numa: int | None = None
+    ) -> None:
+        """A device plugin registered ``resource`` with these devices (replacing earlier
+        ones), as ``GetAllocatableResources`` will report them."""
+        self.allocatable[resource] = list(device_ids)
+        if numa is not None:
+            self.numa.update(dict.fromkeys(device_ids, numa))
 
     def add_pod(self, namespace: str, pod: str, containers: Sequence[str]) -> None:
         """A pod whose containers hold no devices (the kubelet lists those too)."""
@@ -68,17 +89,27 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
             for cname, container in containers.items():
                 c = pod.containers.add(name=cname)
                 for resource, ids in container.devices.items():
-                    c.devices.add(resource_name=resource, device_ids=ids)
+                    self._add_devices(c.devices, resource, ids)
         return response
 
     async def GetAllocatableResources(
         self, request: pb.AllocatableResourcesRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocatableResourcesResponse:
         self.calls.append("GetAllocatableResources")
+        if self.fail_with is not None:
+            await context.abort(self.fail_with, "injected failure")
         response = pb.AllocatableResourcesResponse()
         for resource, ids in self.allocatable.items():
-            response.devices.add(resource_name=resource, device_ids=ids)
+            self._add_devices(response.devices, resource, ids)
         return response
+
+    def _add_devices(self, field: Any, resource: str, ids: Sequence[str]) -> None:
+        """One ``ContainerDevices`` per device, as the kubelet sends them."""
+        for device_id in ids:
+            entry = field.add(resource_name=resource, device_ids=[device_id])
+            numa = self.numa.get(device_id)
+            if numa is not None:
+                entry.topology.nodes.add(ID=numa)
 
     async def Get(
         self, request: pb.GetPodResourcesRequest, context: grpc.aio.ServicerContext
@@ -96,7 +127,7 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
         for cname, container in (containers or {}).items():
             c = response.pod_resources.containers.add(name=cname)
             for resource, ids in container.devices.items():
-                c.devices.add(resource_name=resource, device_ids=ids)
+                self._add_devices(c.devices, resource, ids)
         return response
 
 

@@ -102,6 +102,25 @@ def test_the_agent_follows_the_plugins_scheduling_values(plugin_values: Obj) -> 
     assert agent["spec"]["updateStrategy"] == plugin["spec"]["updateStrategy"]
 
 
+OWNER_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {
+                            "key": "nvidia.com/gpu.deploy.device-plugin",
+                            "operator": "NotIn",
+                            "values": ["true"],
+                        }
+                    ]
+                }
+            ]
+        }
+    }
+}
+
+
 def test_agent_values_override_the_plugins() -> None:
     affinity = {
         "nodeAffinity": {
@@ -141,7 +160,7 @@ def test_agent_values_override_the_plugins() -> None:
     ]
     # ... and none of it changes the plugin.
     assert plugin_spec["nodeSelector"] == {"accelerator": "nvidia"}
-    assert "affinity" not in plugin_spec
+    assert plugin_spec["affinity"] == OWNER_AFFINITY  # plugin.layout owner, the default
     assert plugin_spec["priorityClassName"] == "system-node-critical"
 
 

@@ -79,7 +79,12 @@ def test_the_plugin_pod_has_no_host_pid_namespace_and_no_agent(values: Obj) -> N
     assert not [c for c in spec["containers"] if c.get("args", [None])[0] == "agent"]
     assert set(names) <= {"device-plugin", "mps-control-daemon"}
     volumes = {v["name"] for v in spec["volumes"]}
-    assert not {"pod-resources", "agent-socket-dir"} & volumes, "the agent's mounts"
+    assert "agent-socket-dir" not in volumes, "the agent's mount"
+    # The kubelet's PodResources socket, read-only: which GPUs other plugins hand out.
+    (mount,) = [
+        m for m in container(spec, "device-plugin")["volumeMounts"] if m["name"] == "pod-resources"
+    ]
+    assert mount["readOnly"] is True
 
 
 @pytest.mark.parametrize("values", scenario_params())
@@ -109,6 +114,7 @@ def test_host_paths() -> None:
         "config": None,  # a ConfigMap
         "device-plugins": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"},
         "api-token": None,  # projected: the pod watch's ServiceAccount token
+        "pod-resources": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"},
     }
 
 

@@ -184,11 +184,16 @@ def test_config_paths_are_what_the_plugin_and_agent_pods_mount(values: Obj) -> N
     assert _mount(agent_spec, "agent", "agent-socket-dir")["mountPath"] == socket_dir
     assert not _mount(agent_spec, "agent", "agent-socket-dir").get("readOnly")
     assert "agent-socket-dir" not in plugin_volumes
-    # The kubelet's pod-resources socket, for the agent alone.
-    mount = _mount(agent_spec, "agent", "pod-resources")
-    assert str(plugin.agent.pod_resources_socket).startswith(mount["mountPath"] + "/")
-    assert agent_volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
-    assert "pod-resources" not in plugin_volumes
+    # The kubelet's pod-resources socket: the agent reads allocations there, and the
+    # plugin which GPUs another device plugin hands out; both read-only, same path.
+    for spec, volumes, name in (
+        (agent_spec, agent_volumes, "agent"),
+        (plugin_spec, plugin_volumes, "device-plugin"),
+    ):
+        mount = _mount(spec, name, "pod-resources")
+        assert str(plugin.agent.pod_resources_socket).startswith(mount["mountPath"] + "/")
+        assert mount["readOnly"] is True
+        assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
     # The plugin's health board, in the kubelet's device-plugins directory: the
     # plugin writes it where the config says, the agent reads it from there.
     board_dir = str(plugin.device_plugins_dir)

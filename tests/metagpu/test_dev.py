@@ -20,6 +20,7 @@ import pytest
 from metagpu.dev_prompt import (
     Allocate,
     InjectXid,
+    OtherPlugin,
     PromptError,
     Quit,
     Release,
@@ -43,6 +44,8 @@ from tests.conftest import REPO_ROOT
         pytest.param("release all", Release(number=None), id="release-all"),
         pytest.param("devices", ShowDevices(), id="devices"),
         pytest.param("xid 0 79", InjectXid(gpu_index=0, xid=79), id="xid"),
+        pytest.param("other 1", OtherPlugin(gpu_index=1), id="other"),
+        pytest.param("other none", OtherPlugin(gpu_index=None), id="other-none"),
         pytest.param("help", ShowHelp(), id="help"),
         pytest.param("quit", Quit(), id="quit"),
     ],
@@ -61,6 +64,8 @@ def test_prompt_commands(line: str, expected: object) -> None:
         pytest.param("release x", "allocation number must be a whole number", id="bad-number"),
         pytest.param("release 0", ">= 1", id="release-zero"),
         pytest.param("xid 1", "usage: xid", id="xid-missing"),
+        pytest.param("other", "usage: other", id="other-missing"),
+        pytest.param("other -1", "GPU index must be a whole number", id="other-negative"),
         pytest.param("xid ² 79", "GPU index must be a whole number", id="xid-unicode-digit"),
         pytest.param("launch", "unknown command 'launch'", id="unknown"),
         pytest.param("allocate " + "9" * 5000, "has 5000 digits; at most 9", id="huge-amount"),
@@ -170,6 +175,13 @@ def test_dev_session_end_to_end(session: Session, tmp_path: Path) -> None:
     session.wait_line("GPU 3 is now Unhealthy")
     session.send("devices")
     assert "allocatable: 300" in session.wait_line("allocatable:")
+
+    # Another device plugin serving GPU 2 too (through the simulated PodResources API):
+    # metagpu withdraws it, and gives it back when that plugin lets go.
+    session.send("other 2")
+    assert "(200 allocatable now)" in session.wait_line("nvidia.com/gpu now also advertises")
+    session.send("other none")
+    assert "300 units allocatable" in session.wait_line("no other device plugin now")
 
     session.process.send_signal(signal.SIGINT)
     session.wait_line("metagpu dev stopped")

@@ -82,6 +82,7 @@ async def running_plugin(
     backend_factory: Callable[[PluginConfig], GpuBackend] | None = None,
     retry_interval_s: float = 30.0,
     open_api: Any = None,
+    ownership_interval_s: float = 10.0,
 ) -> AsyncIterator[PluginUnderTest]:
     """Run the supervisor on simulated GPUs (``gpu_count`` on two NUMA nodes by default)."""
     gpus_file = write_yaml(
@@ -109,6 +110,7 @@ async def running_plugin(
         retry_interval_s=retry_interval_s,
         socket_check_interval_s=0.2,
         open_api=open_api,
+        ownership_interval_s=ownership_interval_s,
     )
     task = asyncio.create_task(supervisor.run(handle_signals=False), name="plugin-under-test")
     under_test = PluginUnderTest(supervisor, task, directory, gpus_file, backends)

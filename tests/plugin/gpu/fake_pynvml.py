@@ -125,6 +125,8 @@ class FakeGpu:
     bus_id: str = "00000000:3B:00.0"
     mig_mode: int | None = NVML_DEVICE_MIG_DISABLE
     """None: the GPU predates MIG (``nvmlDeviceGetMigMode`` is not supported)."""
+    mig_slots: list[str | None] = field(default_factory=list)
+    """MIG device UUID per slot (None: an empty slot, NVML_ERROR_NOT_FOUND)."""
     utilization: int | None = 37
     processes: list[tuple[int, int | None]] = field(default_factory=list)
     """``(pid, used bytes or None)``."""
@@ -154,6 +156,13 @@ Handle = Any
 """A ``POINTER(struct_c_nvmlDevice_t)``, as pynvml's ``c_nvmlDevice_t``."""
 
 
+@dataclass(frozen=True)
+class MigHandle:
+    """A MIG device's handle; only its UUID is ever asked of it."""
+
+    uuid: str
+
+
 class FakePynvml:
     """Install with ``monkeypatch.setattr(plugin.gpu.nvml, "pynvml", fake)``."""
 
@@ -161,6 +170,7 @@ class FakePynvml:
     NVMLError_GPUIsLost = NVMLError_GPUIsLost
     NVMLError_NotSupported = NVMLError_NotSupported
     NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_NOT_FOUND = NVML_ERROR_NOT_FOUND
     NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
     NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST
     NVML_FEATURE_ENABLED = NVML_FEATURE_ENABLED
@@ -293,9 +303,22 @@ class FakePynvml:
         self._check("nvmlDeviceGetHandleByUUID", gpu)
         return ctypes.pointer(gpu.device)
 
-    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
+    def nvmlDeviceGetUUID(self, handle: Handle | MigHandle) -> str:
+        if isinstance(handle, MigHandle):
+            return handle.uuid
         gpu = self._of("nvmlDeviceGetUUID", handle)
         return gpu.uuid
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Handle) -> int:
+        gpu = self._of("nvmlDeviceGetMaxMigDeviceCount", handle)
+        return len(gpu.mig_slots)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Handle, index: int) -> MigHandle:
+        gpu = self._of("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        uuid = gpu.mig_slots[index]
+        if uuid is None:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return MigHandle(uuid)
 
     def nvmlDeviceGetName(self, handle: Handle) -> str:
         gpu = self._of("nvmlDeviceGetName", handle)

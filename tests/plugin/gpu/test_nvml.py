@@ -85,6 +85,18 @@ def test_mig_mode_is_reported(nvml: FakePynvml, sysfs: Path) -> None:
         backend.close()
 
 
+def test_mig_devices_are_listed_by_uuid(nvml: FakePynvml, sysfs: Path) -> None:
+    """Another plugin names MIG devices by these UUIDs; empty slots are skipped."""
+    nvml.gpus[0].mig_mode = fake.NVML_DEVICE_MIG_ENABLE
+    nvml.gpus[0].mig_slots = ["MIG-aaaa-1", None, "MIG-aaaa-3"]
+    nvml.gpus[1].mig_slots = ["MIG-never-read"]  # MIG off: not asked
+    backend = NvmlBackend(sysfs_pci_root=sysfs)
+    try:
+        assert [g.mig_devices for g in backend.devices()] == [("MIG-aaaa-1", "MIG-aaaa-3"), ()]
+    finally:
+        backend.close()
+
+
 @pytest.mark.parametrize(
     ("function", "expected"),
     [
