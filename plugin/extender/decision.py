@@ -1,0 +1,222 @@
+"""The extender's three decisions, filter, prioritize and bind, on the ledger (pure).
+
+Every decision is :func:`plugin.placement.pod.place_pod` on a node's view
+(reported holders plus assumptions): the device plugin's own placement,
+replayed the kubelet's way, so a node passes the filter exactly when the
+plugin will put every fraction of the pod on one GPU, and the GPUs bind
+records are the GPUs the plugin would pick.
+
+Speed: a filter call covers every candidate node (1,000 and more on a large
+cluster), and place_pod is plain Python. Its answer depends only on the pod's
+containers, the policy and the per-GPU (free, healthy, NUMA) counts, so
+:class:`PlacementMemo` remembers answers by exactly that key, with GPUs named by
+position: idle nodes, and nodes in the same state, cost one placement between
+them. Nothing else is cached, so the memo cannot go stale.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from plugin.api.config import AllocationPolicy
+from plugin.api.scheduling import ContainerAssignment, PodAssignment
+from plugin.extender.ledger import Assumption, Ledger, NodeView
+from plugin.placement.pod import ContainerRequest, GpuState, PodPlacement, place_pod, pod_units
+
+MAX_EXTENDER_PRIORITY = 10
+"""``k8s.io/kube-scheduler/extender/v1`` MaxExtenderPriority: scores are 0..10 (the
+scheduler multiplies by the extender's weight and by MaxNodeScore / 10)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodAsk:
+    """What one pod asks for, read once per request."""
+
+    containers: tuple[ContainerRequest, ...]
+    policy: AllocationPolicy
+
+    @property
+    def units(self) -> int:
+        return pod_units(self.containers)
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOutcome:
+    passed: tuple[str, ...]
+    failed: dict[str, str]
+
+
+class PlacementMemo:
+    """place_pod answers by pod ask and node shape (see :attr:`NodeView.shape`), bounded."""
+
+    def __init__(self, *, asks: int = 256, shapes_per_ask: int = 1 << 14) -> None:
+        self._asks = asks
+        self._shapes_per_ask = shapes_per_ask
+        self._memo: OrderedDict[PodAsk, dict[int, PodPlacement]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def for_ask(self, ask: PodAsk) -> dict[int, PodPlacement]:
+        """The answers known for ``ask`` (one lookup per request, then int keys per node)."""
+        known = self._memo.get(ask)
+        if known is None:
+            known = self._memo[ask] = {}
+            if len(self._memo) > self._asks:
+                self._memo.popitem(last=False)
+        else:
+            self._memo.move_to_end(ask)
+        return known
+
+    def place(
+        self, ask: PodAsk, view: NodeView, known: dict[int, PodPlacement] | None = None
+    ) -> PodPlacement:
+        """place_pod on ``view``, with GPUs named by their position (``"0"``, ``"1"``...)."""
+        if known is None:
+            known = self.for_ask(ask)
+        found = known.get(view.shape)
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        anonymous = [
+            GpuState(_POSITIONS[pos], g.free, g.healthy, g.numa) for pos, g in enumerate(view.gpus)
+        ]
+        placed = place_pod(
+            ask.containers, anonymous, units_per_gpu=view.units_per_gpu, policy=ask.policy
+        )
+        if len(known) >= self._shapes_per_ask:
+            known.clear()
+        known[view.shape] = placed
+        return placed
+
+
+_POSITIONS = tuple(str(n) for n in range(1024))
+
+
+def decide(
+    ask: PodAsk,
+    view: NodeView | str,
+    memo: PlacementMemo,
+    known: dict[int, PodPlacement] | None = None,
+) -> PodPlacement | str:
+    """The pod on one node: its placement (fits or refused), or why the node has no view."""
+    if isinstance(view, str):
+        return view
+    return memo.place(ask, view, known)
+
+
+def filter_nodes(
+    ask: PodAsk, names: Iterable[str], ledger: Ledger, memo: PlacementMemo
+) -> FilterOutcome:
+    """Nodes where every container fits the plugin's way; the rest with place_pod's reason."""
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    known = memo.for_ask(ask)
+    for name in names:
+        outcome = decide(ask, ledger.view(name), memo, known)
+        if isinstance(outcome, str):
+            failed[name] = outcome
+        elif outcome.refusal is not None:
+            failed[name] = outcome.refusal
+        else:
+            passed.append(name)
+    return FilterOutcome(tuple(passed), failed)
+
+
+def score(placement: PodPlacement, view: NodeView, policy: AllocationPolicy) -> int:
+    """0..10: how tightly (binpack) or loosely (spread) the pod's GPUs are left.
+
+    Over the GPUs the pod takes units from, the mean share of a GPU left free
+    after it. Binpack scores a node higher the less it leaves (the fraction
+    fills a gap, keeping whole GPUs whole elsewhere); spread the more.
+    A node the pod does not fit on scores 0.
+    """
+    if placement.refusal is not None or not placement.taken:
+        return 0
+    upg = view.units_per_gpu
+    left = [
+        (view.gpus[int(pos)].free - taken) / upg for pos, taken in placement.taken.items() if taken
+    ]
+    mean_left = sum(left) / len(left)
+    raw = mean_left if policy == "spread" else 1.0 - mean_left
+    return max(0, min(MAX_EXTENDER_PRIORITY, round(raw * MAX_EXTENDER_PRIORITY)))
+
+
+def prioritize(
+    ask: PodAsk, names: Iterable[str], ledger: Ledger, memo: PlacementMemo
+) -> list[tuple[str, int]]:
+    """``(node, score)`` for every name, in the order given."""
+    scores: list[tuple[str, int]] = []
+    known = memo.for_ask(ask)
+    by_shape: dict[int, int] = {}
+    for name in names:
+        view = ledger.view(name)
+        if isinstance(view, str):
+            scores.append((name, 0))
+            continue
+        found = by_shape.get(view.shape)
+        if found is None:
+            found = by_shape[view.shape] = score(memo.place(ask, view, known), view, ask.policy)
+        scores.append((name, found))
+    return scores
+
+
+@dataclass(frozen=True, slots=True)
+class BindDecision:
+    """What bind records on the pod and reserves in the ledger."""
+
+    assignment: PodAssignment
+    assumption: Assumption
+
+
+def bind_decision(
+    ask: PodAsk,
+    *,
+    node: str,
+    pod_uid: str,
+    namespace: str,
+    pod: str,
+    ledger: Ledger,
+    memo: PlacementMemo,
+    now: float,
+    ttl_s: float,
+    assigned_at: str,
+) -> BindDecision | str:
+    """The GPUs each container gets on ``node`` (place_pod's answer), or why none can.
+
+    Pure and synchronous: the caller reserves with ``ledger.assume`` before its
+    first await. A pod that already holds an assumption (a retried bind) is
+    decided without it, so a retry never competes with itself.
+    """
+    previous = ledger.forget(pod_uid)
+    try:
+        view = ledger.view(node)
+        outcome = decide(ask, view, memo)
+    finally:
+        if previous is not None:
+            ledger.assume(previous)
+    if isinstance(outcome, str) or isinstance(view, str):
+        return str(outcome)
+    if outcome.refusal is not None:
+        return outcome.refusal
+    ids = _ids(view.gpus)
+    containers = tuple(
+        ContainerAssignment(
+            container=c.name,
+            kind=c.kind,
+            units=c.units,
+            gpus={ids[int(pos)]: n for pos, n in c.gpus.items()},
+        )
+        for c in outcome.containers
+    )
+    taken = {ids[int(pos)]: n for pos, n in outcome.taken.items() if n}
+    assignment = PodAssignment(
+        node=node, containers=containers, taken=taken, assigned_at=assigned_at
+    )
+    return BindDecision(assignment, Assumption(pod_uid, namespace, pod, node, taken, now + ttl_s))
+
+
+def _ids(gpus: Sequence[GpuState]) -> list[str]:
+    return [g.id for g in gpus]
