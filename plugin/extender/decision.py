@@ -126,21 +126,29 @@ def filter_nodes(
 
 
 def score(placement: PodPlacement, view: NodeView, policy: AllocationPolicy) -> int:
-    """0..10: how tightly (binpack) or loosely (spread) the pod's GPUs are left.
+    """0..10: binpack (GPU level) or spread (node level); 0 where the pod does not fit.
 
-    Over the GPUs the pod takes units from, the mean share of a GPU left free
-    after it. Binpack scores a node higher the less it leaves (the fraction
-    fills a gap, keeping whole GPUs whole elsewhere); spread the more.
-    A node the pod does not fit on scores 0.
+    * **binpack**: over the GPUs the pod takes units from, the mean share of a
+      GPU left free after it, inverted: a node whose GPU the fraction fills
+      exactly scores 10, so fractions fill gaps and whole GPUs stay whole
+      elsewhere (the fragmentation issue 14 measured);
+    * **spread**: the share of the node's healthy units still free after the
+      pod: the emptiest node scores highest.
     """
     if placement.refusal is not None or not placement.taken:
         return 0
     upg = view.units_per_gpu
-    left = [
-        (view.gpus[int(pos)].free - taken) / upg for pos, taken in placement.taken.items() if taken
-    ]
-    mean_left = sum(left) / len(left)
-    raw = mean_left if policy == "spread" else 1.0 - mean_left
+    if policy == "spread":
+        capacity = upg * sum(1 for g in view.gpus if g.healthy)
+        free = sum(g.free for g in view.gpus if g.healthy) - sum(placement.taken.values())
+        raw = free / capacity if capacity else 0.0
+    else:
+        left = [
+            (view.gpus[int(pos)].free - taken) / upg
+            for pos, taken in placement.taken.items()
+            if taken
+        ]
+        raw = 1.0 - sum(left) / len(left)
     return max(0, min(MAX_EXTENDER_PRIORITY, round(raw * MAX_EXTENDER_PRIORITY)))
 
 
