@@ -322,3 +322,18 @@ async def test_before_the_first_list_every_verb_says_not_synced(
         assert result["Error"] == NOT_SYNCED
         async with ext.session.get(f"{ext.url}/readyz") as resp:
             assert resp.status == 503
+
+
+async def test_the_extender_uses_exactly_the_permissions_it_declares(
+    extender: Extender, kube_api: tuple[FakeKubeApi, str]
+) -> None:
+    from plugin.api.permissions import verb_set
+    from plugin.extender.permissions import PERMISSIONS
+
+    api, _ = kube_api
+    # No filter first: the bind reads the pod (get), then creates the Binding.
+    _, result = await extender.post("bind", load_fixture("bind-30-units.json"))
+    assert result == {"Error": ""}
+    # Watches are recorded when they end (every second here).
+    await eventually(lambda: verb_set(PERMISSIONS) <= api.verbs_used(), timeout_s=15)
+    assert api.verbs_used() == verb_set(PERMISSIONS)
