@@ -63,7 +63,7 @@ def is_auth_reader_binding(obj: Obj) -> bool:
     """The one object outside the release namespace: the second scheduler's RoleBinding to
     ``extension-apiserver-authentication-reader``, which exists only in kube-system (the
     upstream "Configure Multiple Schedulers" task binds it there too)."""
-    return (
+    return bool(
         obj["kind"] == "RoleBinding"
         and obj["metadata"].get("namespace") == "kube-system"
         and obj["roleRef"]["name"] == "extension-apiserver-authentication-reader"
