@@ -363,10 +363,10 @@ async def _schedule(s: _Session, command: Schedule) -> None:
     spec = load_gpus_file(s.gpus_file)
     index_of: dict[str, int] = {}
     numa_of: dict[str, int | None] = {}
-    for position, gpu in enumerate(spec.gpus):
-        index = gpu.index if gpu.index is not None else position
-        for key in (gpu.uuid, str(index)):
-            index_of[key], numa_of[key] = index, gpu.numa_node
+    for position, simulated in enumerate(spec.gpus):
+        index = simulated.index if simulated.index is not None else position
+        for key in (simulated.uuid, str(index)):
+            index_of[key], numa_of[key] = index, simulated.numa_node
     rows = [
         GpuRow(
             device_id=gpu,
