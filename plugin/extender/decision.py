@@ -114,14 +114,23 @@ def filter_nodes(
     passed: list[str] = []
     failed: dict[str, str] = {}
     known = memo.for_ask(ask)
+    view_of = ledger.view
     for name in names:
-        outcome = decide(ask, ledger.view(name), memo, known)
-        if isinstance(outcome, str):
-            failed[name] = outcome
-        elif outcome.refusal is not None:
-            failed[name] = outcome.refusal
+        # The hot loop of the extender (every candidate node, every pod): a memo hit
+        # costs two dict lookups and no call into place_pod.
+        view = view_of(name)
+        if isinstance(view, str):
+            failed[name] = view
+            continue
+        outcome = known.get(view.shape)
+        if outcome is None:
+            outcome = memo.place(ask, view, known)
         else:
+            memo.hits += 1
+        if outcome.refusal is None:
             passed.append(name)
+        else:
+            failed[name] = outcome.refusal
     return FilterOutcome(tuple(passed), failed)
 
 
@@ -159,8 +168,9 @@ def prioritize(
     scores: list[tuple[str, int]] = []
     known = memo.for_ask(ask)
     by_shape: dict[int, int] = {}
+    view_of = ledger.view
     for name in names:
-        view = ledger.view(name)
+        view = view_of(name)
         if isinstance(view, str):
             scores.append((name, 0))
             continue

@@ -221,10 +221,10 @@ class Ledger:
         node = self._nodes.get(name)
         if node is None:
             return NO_LEDGER
+        if node.view is not None:  # the common case, first
+            return node.view
         if node.ledger is None:
             return node.problem or NO_LEDGER
-        if node.view is not None:
-            return node.view
         extra: dict[str, int] = {}
         for a in self._assumed.values():
             if a.node != name:
