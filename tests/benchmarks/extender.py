@@ -46,7 +46,7 @@ from plugin.api.scheduling import GpuHolder, GpuLedgerEntry, NodeLedger
 from plugin.extender.ledger import NodeView
 from plugin.extender.protocol import ExtenderArgs, parse_args
 from plugin.extender.service import ExtenderCore
-from tests.benchmarks._stats import percentile
+from tests.benchmarks._stats import block_p99, percentile
 
 RESOURCE = "cnvrg.io/metagpu"
 NODES, GPUS, UNITS = 1000, 8, 100
@@ -116,11 +116,19 @@ def baseline_fit(core: ExtenderCore, names: list[str], units: int) -> list[str]:
 
 
 def row(label: str, samples: list[float], target: float | None = None) -> str:
+    """p50, pooled p99 and, with enough samples, the median of the blocks' p99s
+    (:func:`tests.benchmarks._stats.block_p99`), which a target is judged on: a
+    neighbour's burst on this shared VM lands in one block, a real tail in all."""
     p50, p99 = statistics.median(samples), percentile(samples, 99)
-    verdict = ""
+    text = f"  {label:<42} p50 {p50:7.3f} ms  p99 {p99:7.3f} ms"
+    judged = p99
+    blocks = len(samples) // 100
+    if blocks >= 3:
+        judged, low, high = block_p99(samples, blocks)
+        text += f"  block p99 {judged:7.3f} [{low:.3f}-{high:.3f}] ms"
     if target is not None:
-        verdict = f"  target p99 < {target:g} ms: {'met' if p99 < target else 'MISSED'}"
-    return f"  {label:<44} p50 {p50:7.3f} ms   p99 {p99:7.3f} ms{verdict}"
+        text += f"  target < {target:g} ms: {'met' if judged < target else 'MISSED'}"
+    return text
 
 
 def measure(quick: bool) -> int:
