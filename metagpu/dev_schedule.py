@@ -106,8 +106,9 @@ def decide(
     result = core.filter(parse_args({"Pod": pod, "NodeNames": [DEV_NODE]}))
     if result["Error"]:
         return Decision(free, None, result["Error"])
-    if DEV_NODE in result["FailedNodes"]:
-        return Decision(free, None, result["FailedNodes"][DEV_NODE])
+    failed = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    if DEV_NODE in failed:
+        return Decision(free, None, failed[DEV_NODE])
     bound = core.decide_bind(
         core.ask_of(pod), node=DEV_NODE, pod_uid=uid, namespace="dev", pod="p", now=0.0
     )

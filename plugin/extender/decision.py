@@ -46,6 +46,10 @@ class PodAsk:
 class FilterOutcome:
     passed: tuple[str, ...]
     failed: dict[str, str]
+    """The pod does not fit the node's GPUs now (preempting pods there could help)."""
+    unresolvable: dict[str, str]
+    """The node has no usable GPU ledger: preemption cannot help, so the scheduler skips
+    it in its preemption phase (``FailedAndUnresolvableNodes``)."""
 
 
 class PlacementMemo:
@@ -113,6 +117,7 @@ def filter_nodes(
     """Nodes where every container fits the plugin's way; the rest with place_pod's reason."""
     passed: list[str] = []
     failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
     known = memo.for_ask(ask)
     view_of = ledger.view
     for name in names:
@@ -120,7 +125,7 @@ def filter_nodes(
         # costs two dict lookups and no call into place_pod.
         view = view_of(name)
         if isinstance(view, str):
-            failed[name] = view
+            unresolvable[name] = view
             continue
         outcome = known.get(view.shape)
         if outcome is None:
@@ -131,7 +136,7 @@ def filter_nodes(
             passed.append(name)
         else:
             failed[name] = outcome.refusal
-    return FilterOutcome(tuple(passed), failed)
+    return FilterOutcome(tuple(passed), failed, unresolvable)
 
 
 def score(placement: PodPlacement, view: NodeView, policy: AllocationPolicy) -> int:

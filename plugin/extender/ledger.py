@@ -66,6 +66,9 @@ class NodeView:
 
 @dataclass
 class _Node:
+    raw: str | None = None
+    """The annotation as last seen: Node heartbeats send a MODIFIED event every few
+    seconds with the same ledger, which is then neither parsed again nor re-viewed."""
     ledger: NodeLedger | None = None
     problem: str | None = None
     reported: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -94,7 +97,11 @@ class Ledger:
     # ------------------------------------------------------------ reports
     def set_node(self, name: str, annotation: str | None) -> None:
         """A node's ledger annotation as last seen (None: the node has none)."""
+        node = self._nodes.get(name)
+        if node is not None and node.raw == annotation and (node.ledger or node.problem):
+            return
         node = self._nodes.setdefault(name, _Node())
+        node.raw = annotation
         node.ledger, node.problem, node.reported = None, None, {}
         if annotation is None:
             node.problem = NO_LEDGER

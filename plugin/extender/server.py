@@ -107,6 +107,13 @@ async def _serve(
                 result = await answer(body)
         except ProtocolError as exc:
             return _bad_request(verb, f"{verb}: {exc}")
+        except TimeoutError:
+            logger.warning("extender request timed out", extra={"verb": verb})
+            return web.Response(
+                status=503,
+                text=f"{verb}: not answered within request_timeout_s "
+                f"({state.config.request_timeout_s:g}s); the scheduler will retry\n",
+            )
         outcome = "ok"
         return web.Response(text=json.dumps(result), content_type=JSON)
     finally:
@@ -129,7 +136,9 @@ async def handle_filter(request: web.Request) -> web.Response:
         if not state.cache.ready:
             return filter_result(args, (), {}, error=NOT_SYNCED)
         result = state.core.filter(args)
-        state.metrics.nodes_failed.inc(len(result["FailedNodes"]))
+        state.metrics.nodes_failed.inc(
+            len(result["FailedNodes"]) + len(result["FailedAndUnresolvableNodes"])
+        )
         return result
 
     return await _serve(request, "filter", answer)

@@ -90,7 +90,9 @@ class ExtenderCore:
         except PodSpecError as exc:
             return filter_result(args, (), {}, error=f"cannot read the pod's request: {exc}")
         outcome = filter_nodes(ask, names, self.ledger, self.memo)
-        return filter_result(args, outcome.passed, outcome.failed)
+        return filter_result(
+            args, outcome.passed, outcome.failed, unresolvable=outcome.unresolvable
+        )
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         names = args.node_names()

@@ -337,3 +337,24 @@ async def test_the_extender_uses_exactly_the_permissions_it_declares(
     # Watches are recorded when they end (every second here).
     await eventually(lambda: verb_set(PERMISSIONS) <= api.verbs_used(), timeout_s=15)
     assert api.verbs_used() == verb_set(PERMISSIONS)
+
+
+async def test_a_request_that_outlives_its_timeout_gets_a_503() -> None:
+    from plugin.extender.protocol import ExtenderBindingArgs
+
+    class Stuck:
+        ready = True
+
+        async def bind(self, args: ExtenderBindingArgs) -> str:
+            await asyncio.sleep(30)
+            return ""
+
+    config = ExtenderConfig(listen="127.0.0.1:0", request_timeout_s=0.2)
+    core = ExtenderCore(resource=RESOURCE)
+    async with (
+        running_extender(ExtenderState(config, core, Stuck(), Stuck())) as server,
+        aiohttp.ClientSession() as session,
+        session.post(f"{server.url}/bind", json=load_fixture("bind-30-units.json")) as resp,
+    ):
+        assert resp.status == 503
+        assert "request_timeout_s" in await resp.text()

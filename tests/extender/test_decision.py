@@ -75,7 +75,9 @@ def test_filter_table(used: list[int], app: list[int], passes: bool, reason: str
 def test_a_node_without_a_ledger_fails_with_a_reason_the_user_can_act_on() -> None:
     core = core_with(a=None)
     result = filter_pod(core, pod(30), "a", "never-seen")
-    assert result["FailedNodes"] == {"a": NO_LEDGER, "never-seen": NO_LEDGER}
+    # Preempting pods cannot give a node a ledger: the scheduler skips it in preemption.
+    assert result["FailedAndUnresolvableNodes"] == {"a": NO_LEDGER, "never-seen": NO_LEDGER}
+    assert result["FailedNodes"] == {}
     assert "metagpu agent has not reported this node's GPUs" in NO_LEDGER
 
 
@@ -91,7 +93,7 @@ def test_a_ledger_for_another_resource_or_unreadable_is_a_reason() -> None:
     core.ledger.set_node(
         "b", ledger([0]).model_copy(update={"resource": "example.com/gpu"}).model_dump_json()
     )
-    failed = filter_pod(core, pod(30), "a", "b")["FailedNodes"]
+    failed = filter_pod(core, pod(30), "a", "b")["FailedAndUnresolvableNodes"]
     assert "cannot be read" in failed["a"]
     assert "example.com/gpu" in failed["b"]
 
@@ -307,6 +309,17 @@ def test_the_memo_answers_equal_nodes_once() -> None:
     filter_pod(core, pod(30), *[f"n{i}" for i in range(50)])
     assert memo.misses == 1
     assert memo.hits == 49
+
+
+def test_a_heartbeat_with_the_same_ledger_changes_nothing() -> None:
+    led = Ledger(resource=RESOURCE)
+    text = ledger([10], node="a").model_dump_json()
+    led.set_node("a", text)
+    view = led.view("a")
+    led.set_node("a", text)  # a Node status update: same annotation
+    assert led.view("a") is view
+    led.set_node("a", None)  # the annotation is gone
+    assert isinstance(led.view("a"), str)
 
 
 def test_views_rebuild_when_a_report_or_assumption_changes() -> None:
