@@ -358,3 +358,39 @@ async def test_a_request_that_outlives_its_timeout_gets_a_503() -> None:
     ):
         assert resp.status == 503
         assert "request_timeout_s" in await resp.text()
+
+
+async def test_an_assumption_the_node_never_reports_expires(
+    kube_api: tuple[FakeKubeApi, str], kube_config_env: Path
+) -> None:
+    from plugin.extender.metrics import ExtenderMetrics
+
+    api, _ = kube_api
+    cluster(api)
+    now = [1_000_000.0]
+    metrics = ExtenderMetrics()
+    core = ExtenderCore(resource=RESOURCE, assume_timeout_s=300)
+    async with (
+        open_api_client(kubeconfig=kube_config_env) as (client, _),
+        LedgerCache(
+            client,
+            core,
+            clock=lambda: now[0],
+            watch_timeout_s=1,
+            expiry_interval_s=3600,
+            on_expired=metrics.expired.inc,
+        ) as cache,
+    ):
+        await asyncio.wait_for(cache.wait_synced(), 10)
+        binder = Binder(client, core, clock=lambda: now[0])
+        from plugin.extender.protocol import parse_binding
+
+        assert await binder.bind(parse_binding(load_fixture("bind-30-units.json"))) == ""
+        assert core.ledger.assumption(FIXTURE_UID) is not None
+        now[0] += 299
+        cache.expire_now()
+        assert core.ledger.assumption(FIXTURE_UID) is not None
+        now[0] += 2
+        cache.expire_now()
+        assert core.ledger.assumption(FIXTURE_UID) is None
+        assert metrics.expired._value.get() == 1
