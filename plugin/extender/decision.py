@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plugin.api.config import AllocationPolicy
 from plugin.api.scheduling import ContainerAssignment, PodAssignment
@@ -53,25 +53,29 @@ class FilterOutcome:
 
 
 class PlacementMemo:
-    """place_pod answers by pod ask and node shape (see :attr:`NodeView.shape`), bounded."""
+    """place_pod answers by pod ask and node shape (see :attr:`NodeView.shape`), bounded.
+
+    Two levels. place_pod never decides by a container's name (names only appear in
+    the refusal's words), so answers are computed once per *sizes* of an ask, with
+    placeholder names, and shared by every pod of those sizes (the pods of two
+    workloads that both ask for 0.5 GPU); each real ask then gets them with its own
+    names put back in the refusal, remembered per ask so the hot loop is one dict
+    lookup per node. Containers in an answer keep placeholder names:
+    :func:`container_name` gives the real one.
+    """
 
     def __init__(self, *, asks: int = 256, shapes_per_ask: int = 1 << 14) -> None:
         self._asks = asks
         self._shapes_per_ask = shapes_per_ask
         self._memo: OrderedDict[PodAsk, dict[int, PodPlacement]] = OrderedDict()
+        self._sized: OrderedDict[PodAsk, dict[int, PodPlacement]] = OrderedDict()
+        self._sized_of: dict[PodAsk, PodAsk] = {}
         self.hits = 0
         self.misses = 0
 
     def for_ask(self, ask: PodAsk) -> dict[int, PodPlacement]:
         """The answers known for ``ask`` (one lookup per request, then int keys per node)."""
-        known = self._memo.get(ask)
-        if known is None:
-            known = self._memo[ask] = {}
-            if len(self._memo) > self._asks:
-                self._memo.popitem(last=False)
-        else:
-            self._memo.move_to_end(ask)
-        return known
+        return _lru(self._memo, ask, self._asks)
 
     def place(
         self, ask: PodAsk, view: NodeView, known: dict[int, PodPlacement] | None = None
@@ -83,17 +87,80 @@ class PlacementMemo:
         if found is not None:
             self.hits += 1
             return found
-        self.misses += 1
-        anonymous = [
-            GpuState(_POSITIONS[pos], g.free, g.healthy, g.numa) for pos, g in enumerate(view.gpus)
-        ]
-        placed = place_pod(
-            ask.containers, anonymous, units_per_gpu=view.units_per_gpu, policy=ask.policy
-        )
+        sized = self._sized_of.get(ask)
+        if sized is None:
+            if len(self._sized_of) >= self._asks:
+                self._sized_of.clear()
+            sized = self._sized_of[ask] = _sized(ask)
+        answers = _lru(self._sized, sized, self._asks)
+        anonymous_answer = answers.get(view.shape)
+        if anonymous_answer is None:
+            self.misses += 1
+            anonymous = [
+                GpuState(_POSITIONS[pos], g.free, g.healthy, g.numa)
+                for pos, g in enumerate(view.gpus)
+            ]
+            anonymous_answer = place_pod(
+                sized.containers, anonymous, units_per_gpu=view.units_per_gpu, policy=ask.policy
+            )
+            if len(answers) >= self._shapes_per_ask:
+                answers.clear()
+            answers[view.shape] = anonymous_answer
+        else:
+            self.hits += 1
+        placed = _named(anonymous_answer, ask)
         if len(known) >= self._shapes_per_ask:
             known.clear()
         known[view.shape] = placed
         return placed
+
+
+def _lru(
+    table: OrderedDict[PodAsk, dict[int, PodPlacement]], key: PodAsk, size: int
+) -> dict[int, PodPlacement]:
+    found = table.get(key)
+    if found is None:
+        found = table[key] = {}
+        if len(table) > size:
+            table.popitem(last=False)
+    else:
+        table.move_to_end(key)
+    return found
+
+
+def _placeholder(pos: int) -> str:
+    """A container name no pod can have (names are DNS labels), to put real ones back."""
+    return f"\x00{pos}\x00"
+
+
+def _sized(ask: PodAsk) -> PodAsk:
+    """``ask`` with its containers renamed by position: the key answers are shared by."""
+    return PodAsk(
+        tuple(replace(c, name=_placeholder(pos)) for pos, c in enumerate(ask.containers)),
+        ask.policy,
+    )
+
+
+def _named(placed: PodPlacement, ask: PodAsk) -> PodPlacement:
+    """A placeholder-named answer with ``ask``'s names back in its refusal.
+
+    Only the refusal's words: the containers keep their placeholder names, which
+    :func:`container_name` maps back where a name is needed (bind). A placement
+    that fits is shared as is, so the hot loop copies nothing for it.
+    """
+    refusal = placed.refusal
+    if refusal is None:
+        return placed
+    for pos, c in enumerate(ask.containers):
+        refusal = refusal.replace(_placeholder(pos), c.name)
+    return PodPlacement(placed.containers, placed.taken, refusal)
+
+
+def container_name(ask: PodAsk, placed_name: str) -> str:
+    """The real name of a container in a memo answer (placeholders are by position)."""
+    if placed_name.startswith("\x00") and placed_name.endswith("\x00"):
+        return ask.containers[int(placed_name[1:-1])].name
+    return placed_name
 
 
 _POSITIONS = tuple(str(n) for n in range(1024))
@@ -227,7 +294,7 @@ def bind_decision(
     ids = _ids(view.gpus)
     containers = tuple(
         ContainerAssignment(
-            container=c.name,
+            container=container_name(ask, c.name),
             kind=c.kind,
             units=c.units,
             gpus={ids[int(pos)]: n for pos, n in c.gpus.items()},

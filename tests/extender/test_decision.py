@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -256,6 +257,14 @@ def test_filter_passes_iff_place_pod_fits_and_bind_chooses_what_place_pod_choose
     node_ledger = ledger(used, units=upg, unhealthy=unhealthy, numa=numa, node="a")
     the_pod = data.draw(pods(upg))
     core = core_with(a=node_ledger)
+    # A pod of another workload with the same sizes went first: its answer is shared,
+    # and must come back with this pod's own container names.
+    twin = json.loads(json.dumps(the_pod))
+    twin["metadata"]["uid"] = "twin"
+    for field in ("initContainers", "containers"):
+        for c in twin["spec"].get(field, []):
+            c["name"] = "twin-" + c["name"]
+    filter_pod(core, twin, "a")
     ask = core.ask_of(the_pod)
     gpus = [
         GpuState(g.uuid, g.units - g.used, g.healthy, g.numa)
@@ -300,6 +309,25 @@ def test_binds_in_a_row_never_overcommit_a_gpu(
             held[gpu] += n
             assert held[gpu] <= upg, f"{gpu} over-committed"
             assert int(gpu.rsplit("-", 1)[1]) not in unhealthy
+
+
+def test_pods_of_the_same_sizes_share_answers_under_their_own_names() -> None:
+    core = core_with(a=ledger([40, 40], node="a"), b=ledger([0, 20], node="b"))
+    first = pod(70, init=[10], name="train", uid="u1")
+    other = pod(70, init=[10], name="serve", uid="u2")
+    other["spec"]["containers"][0]["name"] = "model"
+    other["spec"]["initContainers"][0]["name"] = "warmup"
+    one = filter_pod(core, first, "a", "b")
+    misses = core.memo.misses
+    two = filter_pod(core, other, "a", "b")
+    assert core.memo.misses == misses  # answered from the first pod's placements
+    assert one["NodeNames"] == two["NodeNames"] == ["b"]
+    assert one["FailedNodes"]["a"] == two["FailedNodes"]["a"].replace("model", "c0")
+    decision = core.decide_bind(
+        core.ask_of(other), node="b", pod_uid="u2", namespace="ns", pod="serve", now=0
+    )
+    assert not isinstance(decision, str)
+    assert [c.container for c in decision.assignment.containers] == ["warmup", "model"]
 
 
 def test_the_memo_answers_equal_nodes_once() -> None:
