@@ -42,6 +42,10 @@ COMMAND_MODULES: Final[dict[str, tuple[str, str]]] = {
     "certs": ("certs.cli", "generate, bootstrap and inspect the webhook's TLS certificates"),
     "device-plugin": ("metagpu.device_plugin", "serve meta-devices to the kubelet (v1beta1)"),
     "agent": ("metagpu.agent", "node agent: usage accounting, enforcement, labels, metrics"),
+    "scheduler-extender": (
+        "metagpu.scheduler_extender",
+        "GPU-aware kube-scheduler extender: one GPU per fraction",
+    ),
     "dev": ("metagpu.dev", "the embedded default: webhook + device plugin on simulated GPUs"),
 }
 

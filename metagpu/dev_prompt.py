@@ -17,6 +17,8 @@ from webhook.quantity import QuantityError, fraction_suggestion, parse_quantity,
 PROMPT_HELP: Final = """\
 commands (type them here; Ctrl-C or `quit` stops everything):
   allocate 0.5      admit a container asking for half a GPU (also: 50 units, 1.5, 250m)
+  schedule 0.7      ask the scheduler extender first: per-GPU free units, then the GPU it
+                    assigns (or why the node is refused), then admit it on that GPU
   release 1|all     end allocation #1 (or every allocation)
   devices           per-GPU health and free units, as the kubelet sees them
   xid 2 79          simulate XID 79 on GPU index 2 (appends it to the GPUs file)
@@ -34,6 +36,14 @@ class Allocate:
     units: int
     asked: str
     """What was typed (``0.5``), for the echo."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Decide with the scheduler extender, then allocate (``schedule 0.7``)."""
+
+    units: int
+    asked: str
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,9 @@ class Quit:
     pass
 
 
-PromptCommand = Allocate | Release | ShowDevices | InjectXid | OtherPlugin | ShowHelp | Quit
+PromptCommand = (
+    Allocate | Schedule | Release | ShowDevices | InjectXid | OtherPlugin | ShowHelp | Quit
+)
 
 
 def parse_prompt(line: str, *, units_per_gpu: int) -> PromptCommand | None:
@@ -93,6 +105,10 @@ def parse_prompt(line: str, *, units_per_gpu: int) -> PromptCommand | None:
         if len(args) != 1:
             raise PromptError("usage: allocate <units or GPU fraction>, e.g. allocate 0.5")
         return Allocate(units=_units(args[0], units_per_gpu=units_per_gpu), asked=args[0])
+    if verb == "schedule":
+        if len(args) != 1:
+            raise PromptError("usage: schedule <units or GPU fraction>, e.g. schedule 0.7")
+        return Schedule(units=_units(args[0], units_per_gpu=units_per_gpu), asked=args[0])
     if verb == "release":
         if len(args) != 1:
             raise PromptError("usage: release <allocation number> | release all")

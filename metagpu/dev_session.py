@@ -38,10 +38,12 @@ from metagpu.dev_prompt import (
     PromptError,
     Quit,
     Release,
+    Schedule,
     ShowDevices,
     ShowHelp,
     parse_prompt,
 )
+from metagpu.dev_schedule import GpuRow, decide
 from metagpu.examples import EXAMPLE_POD, EXAMPLE_REVIEW
 from metagpu.kubelet_sim import KubeletSim, KubeletSimError, PluginConnection
 from plugin.api.config import ENV_PREFIX as PLUGIN_ENV_PREFIX
@@ -329,6 +331,8 @@ async def _execute(s: _Session, command: PromptCommand) -> None:
     try:
         if isinstance(command, Allocate):
             await _allocate(s, command)
+        elif isinstance(command, Schedule):
+            await _schedule(s, command)
         elif isinstance(command, Release):
             _release(s, command)
         elif isinstance(command, ShowDevices):
@@ -360,6 +364,56 @@ async def _allocate(s: _Session, command: Allocate) -> None:
     for mount in response.mounts:
         mode = "ro" if mount.read_only else "rw"
         say(f"    mount {mount.host_path} -> {mount.container_path} ({mode})")
+
+
+async def _schedule(s: _Session, command: Schedule) -> None:
+    """The extender's decision on the simulated node, then the kubelet's allocation."""
+    conn = s.kubelet.plugins[s.resource]
+    per_gpu = _by_gpu(conn)
+    held: dict[str, dict[int, int]] = {}
+    for number, ids in s.allocations.items():
+        for device_id in ids:
+            gpu, _ = parse_replica_id(device_id)
+            held.setdefault(gpu, {}).setdefault(number, 0)
+            held[gpu][number] += 1
+    spec = load_gpus_file(s.gpus_file)
+    index_of: dict[str, int] = {}
+    numa_of: dict[str, int | None] = {}
+    for position, simulated in enumerate(spec.gpus):
+        index = simulated.index if simulated.index is not None else position
+        for key in (simulated.uuid, str(index)):
+            index_of[key], numa_of[key] = index, simulated.numa_node
+    rows = [
+        GpuRow(
+            device_id=gpu,
+            index=index_of.get(gpu, position),
+            units=s.plugin_config.units_per_gpu,
+            allocated=held.get(gpu, {}),
+            healthy=row["unhealthy"] == 0,
+            numa=numa_of.get(gpu),
+        )
+        for position, (gpu, row) in enumerate(per_gpu.items())
+    ]
+    decision = decide(
+        sorted(rows, key=lambda r: r.index),
+        command.units,
+        resource=s.resource,
+        units_per_gpu=s.plugin_config.units_per_gpu,
+        policy=s.plugin_config.allocation_policy,
+        request_number=s.next_number,
+    )
+    names = _gpu_names(s)
+    say(f"schedule {command.asked} -> {command.units} units; free units per GPU (extender's view):")
+    for _, device_id, free, healthy in decision.free:
+        note = "" if healthy else "  (unhealthy: never offered)"
+        say(f"    {names.get(device_id, device_id):<48} {free:>5} free{note}")
+    if decision.gpus is None:
+        say(f"extender: node refused: {decision.refusal}")
+        say("(the pod would stay Pending with that reason in its FailedScheduling event)")
+        return
+    assigned = ", ".join(f"{n} on {names.get(g, g)}" for g, n in decision.gpus.items())
+    say(f"extender: assigned {assigned}")
+    await _allocate(s, Allocate(units=command.units, asked=command.asked))
 
 
 def _release(s: _Session, command: Release, *, quiet: bool = False) -> None:

@@ -312,6 +312,13 @@ class WebhookConfig(StrictModel):
     runtime is the node default). Also the class under which containers that ask
     for no GPU get ``NVIDIA_VISIBLE_DEVICES=void``."""
 
+    scheduler_name: str | None = None
+    """Set as ``schedulerName`` on pods that use metagpu and name no scheduler or
+    ``default-scheduler``, so the GPU-aware second scheduler (``metagpu-scheduler``,
+    docs/scheduler.md) places them. ``null``: never (no second scheduler deployed; the
+    chart sets it when ``scheduler.enabled``). A pod naming another scheduler is left
+    alone, with a warning."""
+
     default_compute_policy: ComputePolicy = "balance"
     """Policy for pods whose own annotation and whose namespace's annotation
     (``metagpu.io/compute-policy``) are unset. See :data:`ComputePolicy`."""
@@ -371,6 +378,15 @@ class WebhookConfig(StrictModel):
         # the API server refuse every GPU pod.
         if value is not None and not is_dns_subdomain(value):
             raise ValueError(f"runtime_class_name must be a DNS subdomain name: {value!r}")
+        return value
+
+    @field_validator("scheduler_name")
+    @classmethod
+    def _valid_scheduler_name(cls, value: str | None) -> str | None:
+        if value is not None and not is_dns_subdomain(value):
+            raise ValueError(
+                f"scheduler_name must be a DNS subdomain like metagpu-scheduler: {value!r}"
+            )
         return value
 
     @field_validator("listen")

@@ -135,6 +135,7 @@ class RuleSettings:
     void_runtime_class: str
     """The runtime class under which containers without a GPU are voided:
     ``runtime_class_name``, or ``nvidia`` when metagpu sets none."""
+    scheduler_name: str | None
     default_compute_policy: ComputePolicy
     visible_devices_policy: VisibleDevicesPolicy
     deny_privileged: bool
@@ -160,6 +161,7 @@ class RuleSettings:
             toleration_keys=tuple(TolerationKey.of(t) for t in tolerations),
             runtime_class_name=config.runtime_class_name,
             void_runtime_class=config.runtime_class_name or "nvidia",
+            scheduler_name=config.scheduler_name,
             default_compute_policy=config.default_compute_policy,
             visible_devices_policy=config.visible_devices_policy,
             deny_privileged=config.deny_privileged,

@@ -5,8 +5,9 @@ The rules need two things from a pod's Namespace: its
 Reading them must never block or fail pod creation by surprise, so:
 
 * a background task lists every Namespace once, then watches for changes
-  (reconnecting from the last resourceVersion, re-listing on 410 Gone, backing
-  off on errors), so almost every lookup is a dict hit;
+  (:class:`plugin.kube.listwatch.ListWatch`, shared with the scheduler
+  extender: reconnecting from the last resourceVersion, re-listing on 410 Gone,
+  backing off on errors), so almost every lookup is a dict hit;
 * a cache miss (a namespace created a moment ago, or the list not done yet)
   makes **one** GET bounded by ``namespace_lookup_timeout_s``; concurrent misses
   for the same name share it;
@@ -32,7 +33,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Protocol, cast
 
@@ -41,6 +42,7 @@ from kubernetes_asyncio import client as k8s_client
 
 from certs.kube import KubeCredentialsError, load_credentials, status_fields
 from plugin.api.resources import ANNOTATION_COMPUTE_POLICY, LABEL_INJECT, is_dns_label
+from plugin.kube.listwatch import WATCH_TIMEOUT_S, ListWatch
 from webhook.config import KubernetesConfig
 from webhook.metrics import WebhookMetrics
 from webhook.model import NO_NAMESPACE_FACTS, NamespaceFacts
@@ -52,12 +54,6 @@ MAX_FAILED_NAMES: Final = 1024
 """Bound on the names remembered as "lookup failed moments ago": the names come
 from reviews, so without one a client could grow the set without end."""
 """After a failed GET, the same namespace answers from defaults for this long."""
-
-WATCH_TIMEOUT_S: Final = 300
-"""Server-side watch timeout; the watch is re-opened from the last resourceVersion."""
-
-BACKOFF_S: Final = (0.5, 30.0)
-"""First and largest delay between attempts after a list or watch error."""
 
 
 class KubernetesUnavailableError(Exception):
@@ -180,7 +176,6 @@ class NamespaceCache:
         self._v1 = k8s_client.CoreV1Api(api)
         self._config = config
         self._metrics = metrics
-        self._watch_timeout_s = watch_timeout_s
         self._cache: dict[str, NamespaceFacts] = {}
         """Namespaces with metagpu settings."""
         self._known: set[str] = set()
@@ -190,6 +185,13 @@ class NamespaceCache:
         self._synced = asyncio.Event()
         self._gave_up = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._listwatch = ListWatch(
+            "namespaces",
+            self._v1.list_namespace,
+            on_list=self._listed,
+            on_event=self._event,
+            watch_timeout_s=watch_timeout_s,
+        )
 
     # ------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> NamespaceCache:
@@ -356,40 +358,12 @@ class NamespaceCache:
             )
 
     async def _run(self) -> None:
-        delay = BACKOFF_S[0]
-        while True:
-            try:
-                rv: str | None = await self._list()
-                delay = BACKOFF_S[0]
-                while rv is not None:
-                    rv = await self._watch(rv)
-                # rv None: 410 Gone, the history we need is compacted; list again
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning(
-                    "namespace list/watch failed; retrying",
-                    extra={"error": f"{type(exc).__name__}: {exc}", "retry_in_s": delay},
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_S[1])
+        await self._listwatch.run()
 
-    async def _list(self) -> str:
-        resp = _raw(
-            await self._v1.list_namespace(
-                _preload_content=False, _request_timeout=aiohttp.ClientTimeout(total=60)
-            )
-        )
-        try:
-            body = await resp.read()
-        finally:
-            resp.release()
-        if resp.status != 200:
-            raise RuntimeError(f"list namespaces: HTTP {resp.status}: {status_fields(body)[0]}")
-        data = json.loads(body)
+    def _listed(self, items: Sequence[dict[str, Any]]) -> None:
         cache: dict[str, NamespaceFacts] = {}
         known: set[str] = set()
-        for item in data.get("items") or []:
+        for item in items:
             name = (item.get("metadata") or {}).get("name")
             if not isinstance(name, str):
                 continue
@@ -402,50 +376,16 @@ class NamespaceCache:
         if not self._synced.is_set():
             self._synced.set()
             logger.info("namespace cache synced", extra={"namespaces": len(cache) + len(known)})
-        rv = (data.get("metadata") or {}).get("resourceVersion")
-        return str(rv or "")
 
-    async def _watch(self, rv: str) -> str | None:
-        """Follow changes from ``rv``; the rv to continue from, or None to re-list."""
-        resp = _raw(
-            await self._v1.list_namespace(
-                watch=True,
-                resource_version=rv,
-                timeout_seconds=self._watch_timeout_s,
-                allow_watch_bookmarks=True,
-                _preload_content=False,
-                _request_timeout=aiohttp.ClientTimeout(sock_read=self._watch_timeout_s + 30),
-            )
-        )
-        try:
-            if resp.status == 410:
-                return None
-            if resp.status != 200:
-                body = await resp.read()
-                raise RuntimeError(
-                    f"watch namespaces: HTTP {resp.status}: {status_fields(body)[0]}"
-                )
-            async for line in resp.content:
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind = event.get("type")
-                obj = event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        return None
-                    raise RuntimeError(f"watch namespaces: {obj.get('message', obj)}")
-                meta = obj.get("metadata") or {}
-                rv = str(meta.get("resourceVersion") or rv)
-                name = meta.get("name")
-                if kind in ("ADDED", "MODIFIED") and isinstance(name, str):
-                    self._known.discard(name)
-                    self._remember(name, facts_of(obj))
-                elif kind == "DELETED" and isinstance(name, str):
-                    self._forget(name)
-        finally:
-            resp.release()
-        return rv
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if not isinstance(name, str):
+            return
+        if kind == "DELETED":
+            self._forget(name)
+        else:
+            self._known.discard(name)
+            self._remember(name, facts_of(obj))
 
 
 def _raw(response: object) -> aiohttp.ClientResponse:

@@ -155,6 +155,7 @@ def mutate_pod(
         if not runtime_class and settings.runtime_class_name:
             runtime_class = settings.runtime_class_name
             ops.append(add_op("/spec/runtimeClassName", runtime_class))
+        ops.extend(_scheduler_ops(spec, settings, findings))
         pod_annotations = annotations_of(meta)
         policy = _resolve_policy(pod_annotations, namespace, settings, findings)
         if policy is not None and pod_annotations.get(ANNOTATION_COMPUTE_POLICY) is None:
@@ -490,6 +491,33 @@ def _toleration_ops(spec: Obj, settings: RuleSettings) -> list[PatchOperation]:
     if current is None:
         return [add_op("/spec/tolerations", missing)]
     return [add_op("/spec/tolerations/-", t) for t in missing]
+
+
+DEFAULT_SCHEDULER: Final = "default-scheduler"
+
+
+def _scheduler_ops(
+    spec: Mapping[str, Any], settings: RuleSettings, findings: Findings
+) -> list[PatchOperation]:
+    """Point a metagpu pod at the GPU-aware scheduler (``scheduler_name``).
+
+    Only pods that leave the choice to Kubernetes (no ``schedulerName``, or the
+    ``default-scheduler`` the API server defaults it to): a pod that names
+    another scheduler chose it on purpose, so it keeps it, and the warning says
+    what it gives up.
+    """
+    wanted = settings.scheduler_name
+    if wanted is None:
+        return []
+    current = spec.get("schedulerName")
+    if current in (None, "", DEFAULT_SCHEDULER):
+        return [add_op("/spec/schedulerName", wanted)]
+    if current != wanted:
+        findings.warnings.append(
+            f"schedulerName {current!r} kept: this pod's GPU shares are placed without "
+            f"per-GPU knowledge and may be split over GPUs (metagpu pods use {wanted!r})"
+        )
+    return []
 
 
 def _resolve_policy(

@@ -60,6 +60,25 @@ helm.sh/chart: {{ include "metagpu.chart" .root }}
 {{- define "metagpu.plugin.fullname" -}}{{ include "metagpu.fullname" . }}-plugin{{- end -}}
 {{- define "metagpu.agent.fullname" -}}{{ include "metagpu.fullname" . }}-agent{{- end -}}
 {{- define "metagpu.certs.fullname" -}}{{ include "metagpu.fullname" . }}-certs{{- end -}}
+{{- define "metagpu.scheduler.fullname" -}}{{ include "metagpu.fullname" . }}-scheduler{{- end -}}
+{{/* The second scheduler's profile name (pods' spec.schedulerName) and its
+leader-election lease (plugin.extender.permissions.LEASE_NAME). */}}
+{{- define "metagpu.scheduler.name" -}}metagpu-scheduler{{- end -}}
+{{- define "metagpu.scheduler.leaseName" -}}metagpu-scheduler{{- end -}}
+{{- define "metagpu.scheduler.configFile" -}}/etc/metagpu/scheduler/scheduler.yaml{{- end -}}
+{{- define "metagpu.extender.configFile" -}}/etc/metagpu/config/extender.yaml{{- end -}}
+
+{{/* kube-scheduler's image: scheduler.image.tag, else the cluster's own version
+(.Capabilities.KubeVersion without a vendor suffix such as "-eks-4d3c2f1", which
+registry.k8s.io does not publish). A scheduler older or newer than the API server
+by more than the skew policy allows is unsupported upstream. */}}
+{{- define "metagpu.scheduler.image" -}}
+{{- $tag := .Values.scheduler.image.tag -}}
+{{- if not $tag -}}
+{{- $tag = regexReplaceAll "^(v[0-9]+\\.[0-9]+\\.[0-9]+).*$" .Capabilities.KubeVersion.Version "${1}" -}}
+{{- end -}}
+{{- printf "%s:%s" .Values.scheduler.image.repository $tag -}}
+{{- end -}}
 {{- define "metagpu.tlsSecretName" -}}
 {{- default (printf "%s-tls" (include "metagpu.webhook.fullname" .)) .Values.certs.secretName -}}
 {{- end -}}
@@ -321,10 +340,56 @@ come from flags (see the Deployment), so the file holds only policy. */}}
     "write_timeout_s" .Values.webhook.connections.writeTimeoutS
     "idle_timeout_s" .Values.webhook.connections.idleTimeoutS)
 -}}
+{{- if .Values.scheduler.enabled -}}
+{{- $_ := set $config "scheduler_name" (include "metagpu.scheduler.name" .) -}}
+{{- end -}}
 {{- if not .Values.runtimeClass.name -}}
 {{- $_ := set $config "runtime_class_name" nil -}}
 {{- end -}}
 {{- include "metagpu.mergeExtraConfig" (dict "base" $config "extra" .Values.webhook.extraConfig "where" "webhook.extraConfig") -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/* kube-scheduler's KubeSchedulerConfiguration: one profile, metagpu-scheduler,
+with the extender on localhost for filter, prioritize and bind. */}}
+{{- define "metagpu.scheduler.config" -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: true
+  resourceLock: leases
+  resourceNamespace: {{ .Release.Namespace }}
+  resourceName: {{ include "metagpu.scheduler.leaseName" . }}
+profiles:
+  - schedulerName: {{ include "metagpu.scheduler.name" . }}
+extenders:
+  - urlPrefix: http://127.0.0.1:{{ .Values.scheduler.extender.port }}
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    bindVerb: bind
+    weight: {{ .Values.scheduler.extender.weight }}
+    enableHTTPS: false
+    httpTimeout: {{ .Values.scheduler.extender.httpTimeout }}
+    nodeCacheCapable: true
+    ignorable: false
+    # Only pods that ask for resourceName are sent to the extender (the ledgers
+    # describe that resource); the scheduler keeps counting it as usual.
+    managedResources:
+      - name: {{ .Values.resourceName }}
+        ignoredByScheduler: false
+{{- end -}}
+
+{{/* The extender's config file (plugin.extender.config.ExtenderConfig); listen comes
+from a flag. Its default placement policy is the device plugin's allocation policy,
+so both choose the same GPU. */}}
+{{- define "metagpu.extender.config" -}}
+{{- $config := dict
+  "version" "v1"
+  "resource_name" .Values.resourceName
+  "placement_policy" .Values.plugin.allocationPolicy
+  "assume_timeout_s" .Values.scheduler.extender.assumeTimeoutS
+-}}
+{{- include "metagpu.mergeExtraConfig" (dict "base" $config "extra" .Values.scheduler.extender.extraConfig "where" "scheduler.extender.extraConfig") -}}
 {{- toYaml $config -}}
 {{- end -}}
 

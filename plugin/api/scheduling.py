@@ -37,6 +37,12 @@ ANNOTATION_ASSIGNED_GPUS: Final = "metagpu.io/assigned-gpus"
 DEFAULT_SCHEDULER_NAME: Final = "metagpu-scheduler"
 """The second scheduler's profile name; the webhook points metagpu pods at it."""
 
+ANNOTATION_PLACEMENT_POLICY: Final = "metagpu.io/placement-policy"
+"""On a Pod or its Namespace: ``binpack`` or ``spread``, overriding the extender's default
+for that pod (the pod's own annotation wins), the way ``metagpu.io/compute-policy`` works."""
+
+PLACEMENT_POLICIES: Final = ("binpack", "spread")
+
 
 class GpuHolder(StrictModel):
     """Units of one GPU allocated to one container (as the kubelet reports them)."""
@@ -56,6 +62,10 @@ class GpuLedgerEntry(StrictModel):
     index: int = Field(ge=0)
     units: int = Field(ge=1)
     """Meta-devices of this GPU (``units_per_gpu``)."""
+    numa: int | None = None
+    """The GPU's NUMA node when the plugin advertises topology (optional, added for the
+    extender: :func:`~plugin.placement.units.place_units` prefers GPUs on one NUMA node,
+    so the extender needs it to choose the GPU the plugin would choose)."""
     healthy: bool = True
     reason: str = ""
     """Why it is unhealthy, for operators and the extender's refusal messages."""
@@ -96,3 +106,9 @@ class PodAssignment(StrictModel):
     version: Literal["v1"] = "v1"
     node: str
     containers: tuple[ContainerAssignment, ...]
+    taken: dict[str, int] = Field(default_factory=dict)
+    """GPU ID → units the whole pod takes from that GPU (optional): what the extender
+    reserves; less than the containers' sum when app containers reuse init units."""
+    assigned_at: str = ""
+    """RFC 3339 time of the bind (optional): after an extender restart, an assignment the
+    node has not reported within the assume timeout is no longer held for the pod."""

@@ -17,6 +17,8 @@ faithful where our code can notice the difference:
   410 Gone ERROR event for a compacted one, ``timeoutSeconds``;
 * errors as ``Status`` objects with the reason and message wording of the real
   API server (NotFound, AlreadyExists, Conflict, Forbidden, Invalid);
+* ``pods/{name}/binding`` (create): UID precondition, "already assigned" conflict,
+  the Binding's annotations applied with ``spec.nodeName``, as the real registry does;
 * scripted faults: :meth:`FakeKubeApi.forbid` (RBAC 403s naming the verb and
   resource) and :meth:`FakeKubeApi.fail_next` (e.g. a one-off 409), either
   for every client or for one ``User-Agent``;
@@ -337,6 +339,8 @@ class FakeKubeApi:
             return self._status(fault.status, fault.reason, fault.message)
         key_ns = (ns or "") if rtype.namespaced else ""
         store = self._store[(rtype.group, rtype.plural)]
+        if verb == "create" and sub == "binding" and rtype.plural == "pods" and name:
+            return self._bind(rtype, store, (key_ns, name), body=body, query=query)
         if verb == "watch":
             return await self._watch(request, rtype, ns, query)
         if verb == "list":
@@ -441,6 +445,75 @@ class FakeKubeApi:
             store[key] = stored
             self._record_event(rtype, "MODIFIED", stored)
         return web.json_response(copy.deepcopy(stored))
+
+    def _bind(
+        self,
+        rtype: ResourceType,
+        store: dict[tuple[str, str], Obj],
+        key: tuple[str, str],
+        *,
+        body: Any,
+        query: dict[str, str],
+    ) -> web.Response:
+        """``POST pods/{name}/binding``, as ``pkg/registry/core/pod/storage/storage.go`` does it.
+
+        The Binding's ``metadata.uid`` (and ``resourceVersion``) are preconditions; a pod
+        already on a node is a 409 Conflict; the Binding's annotations are set on the pod
+        in the same update as ``spec.nodeName`` and the PodScheduled condition. The answer
+        is a Status (201, Success), not a Binding.
+        """
+        ns, name = key
+        if not isinstance(body, dict) or body.get("kind", "Binding") != "Binding":
+            return self._status(400, "BadRequest", "request body must be a Binding")
+        meta = body.get("metadata") or {}
+        target = body.get("target") or {}
+        if meta.get("name", name) != name:
+            return self._status(
+                400, "BadRequest", "name in the Binding does not match the name on the URL"
+            )
+        if not target.get("name"):
+            return self._invalid(rtype, name, "target.name: Required value")
+        current = store.get((ns, name))
+        if current is None:
+            return self._not_found(rtype, name)
+        cur_meta = current["metadata"]
+        if meta.get("uid") and meta["uid"] != cur_meta.get("uid"):
+            return self._conflict_message(
+                "pods",
+                name,
+                f"Precondition failed: UID in precondition: {meta['uid']}, "
+                f"UID in object meta: {cur_meta.get('uid')}",
+            )
+        if cur_meta.get("deletionTimestamp"):
+            return self._conflict_message(
+                "pods/binding", name, f"pod {name} is being deleted, cannot be assigned to a host"
+            )
+        node = (current.get("spec") or {}).get("nodeName")
+        if node:
+            return self._conflict_message(
+                "pods/binding", name, f'pod {name} is already assigned to node "{node}"'
+            )
+        new = copy.deepcopy(current)
+        new.setdefault("spec", {})["nodeName"] = target["name"]
+        if meta.get("annotations"):
+            new["metadata"].setdefault("annotations", {}).update(meta["annotations"])
+        conditions = new.setdefault("status", {}).setdefault("conditions", [])
+        conditions[:] = [c for c in conditions if c.get("type") != "PodScheduled"]
+        conditions.append({"type": "PodScheduled", "status": "True"})
+        if query.get("dryRun") != "All":
+            stored = self._stamp(new, rtype, new=False)
+            store[(ns, name)] = stored
+            self._record_event(rtype, "MODIFIED", stored)
+        return web.json_response(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "code": 201,
+            },
+            status=201,
+        )
 
     async def _watch(
         self, request: web.Request, rtype: ResourceType, ns: str | None, query: dict[str, str]
@@ -646,6 +719,14 @@ class FakeKubeApi:
             f'"{name}": the object has been modified; please apply your changes to the '
             "latest version and try again",
             {"name": name, "group": rtype.group, "kind": rtype.plural},
+        )
+
+    def _conflict_message(self, what: str, name: str, why: str) -> web.Response:
+        return self._status(
+            409,
+            "Conflict",
+            f'Operation cannot be fulfilled on {what} "{name}": {why}',
+            {"name": name, "kind": what},
         )
 
     def _invalid(self, rtype: ResourceType, name: str, message: str) -> web.Response:

@@ -13,7 +13,7 @@ from typing import Final
 
 import pytest
 
-from tests.install.chart import NAMESPACE, Obj, find, flag, flags, one, render
+from tests.install.chart import NAMESPACE, Obj, component, find, flag, flags, one, render
 
 HOOK: Final = "helm.sh/hook"
 WEIGHT: Final = "helm.sh/hook-weight"
@@ -130,7 +130,7 @@ def test_job_pods_fit_the_restricted_pod_security_level(ocp: bool) -> None:
 
 def test_bootstrap_mode_mounts_a_secret_the_pre_hook_creates() -> None:
     objects = render({"certs": {"secretName": "gpu-webhook-cert"}})
-    volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    volumes = component(objects, "Deployment", "webhook")["spec"]["template"]["spec"]["volumes"]
     assert (
         next(v for v in volumes if v["name"] == "tls")["secret"]["secretName"] == "gpu-webhook-cert"
     )
@@ -154,6 +154,6 @@ def test_default_names_are_the_bootstrap_command_defaults() -> None:
     assert one(objects, "MutatingWebhookConfiguration")["metadata"]["name"] == (
         DEFAULT_WEBHOOK_CONFIG_NAME
     )
-    volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    volumes = component(objects, "Deployment", "webhook")["spec"]["template"]["spec"]["volumes"]
     tls = next(v for v in volumes if v["name"] == "tls")
     assert tls["secret"]["secretName"] == DEFAULT_SECRET_NAME

@@ -58,7 +58,7 @@ def test_every_object_validates_against_kubernetes(values: Obj, version: str) ->
 
 def test_the_validator_catches_a_bad_object() -> None:
     # Proof that the test above can fail: an unknown field and a wrong type.
-    deployment = copy.deepcopy(one(render(), "Deployment"))
+    deployment = copy.deepcopy(component(render(), "Deployment", "webhook"))
     deployment["spec"]["template"]["spec"]["containers"][0]["imagePulPolicy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
@@ -142,7 +142,7 @@ def test_serving_certificate_names_the_webhook_service_and_secret() -> None:
         f"{service}.{NAMESPACE}.svc",
         f"{service}.{NAMESPACE}.svc.k8s.example",
     ]
-    volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    volumes = component(objects, "Deployment", "webhook")["spec"]["template"]["spec"]["volumes"]
     tls = next(v for v in volumes if v["name"] == "tls")
     assert tls["secret"]["secretName"] == leaf["spec"]["secretName"]
     webhook_config = one(objects, "MutatingWebhookConfiguration")
@@ -215,7 +215,7 @@ def test_webhook_service_monitor_verifies_the_webhook_certificate() -> None:
         assert endpoint["scheme"] == "https"
         tls = endpoint["tlsConfig"]
         assert tls["serverName"] == f"metagpu-webhook.{NAMESPACE}.svc"
-        deployment = one(objects, "Deployment")
+        deployment = component(objects, "Deployment", "webhook")
         secret = next(
             v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"
         )

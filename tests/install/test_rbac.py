@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Final
 
 import pytest
 
@@ -44,10 +45,38 @@ class Grant:
     resource_names: frozenset[str]
 
 
+BUILT_IN_ROLES: Final = {
+    ("ClusterRole", "system:kube-scheduler"),
+    ("ClusterRole", "system:volume-scheduler"),
+    ("Role", "extension-apiserver-authentication-reader"),
+}
+"""Roles Kubernetes itself defines, bound only to the second scheduler (as the upstream
+"Configure Multiple Schedulers" task binds them); checked by their own test."""
+
+
+def built_in_bindings(objects: list[Obj], service_account: str) -> set[tuple[str, str, str]]:
+    """``(binding namespace or "", role kind, role name)`` of built-in roles bound to the SA."""
+    found = set()
+    for binding in [*find(objects, "RoleBinding"), *find(objects, "ClusterRoleBinding")]:
+        ref = binding["roleRef"]
+        if (ref["kind"], ref["name"]) not in BUILT_IN_ROLES:
+            continue
+        if any(
+            s["kind"] == "ServiceAccount"
+            and s["name"] == service_account
+            and s["namespace"] == NAMESPACE
+            for s in binding.get("subjects", [])
+        ):
+            found.add((binding["metadata"].get("namespace", ""), ref["kind"], ref["name"]))
+    return found
+
+
 def grants(objects: list[Obj], service_account: str) -> list[Grant]:
-    """Every rule bound to ``service_account`` (in the release namespace)."""
+    """Every rule bound to ``service_account`` (in the release namespace), built-in roles aside."""
     found: list[Grant] = []
     for binding in [*find(objects, "RoleBinding"), *find(objects, "ClusterRoleBinding")]:
+        if (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in BUILT_IN_ROLES:
+            continue
         subjects = binding.get("subjects", [])
         if not any(
             s["kind"] == "ServiceAccount"
@@ -170,6 +199,36 @@ def test_quota_mirror_rbac_comes_and_goes_with_its_value() -> None:
 
 
 @pytest.mark.parametrize("values", scenario_params())
+def test_scheduler_rbac_is_its_extenders_permissions_and_its_lease(values: Obj) -> None:
+    from plugin.extender.permissions import LEADER_ELECTION, PERMISSIONS
+
+    objects = render(values)
+    service_account = pod_spec(component(objects, "Deployment", "scheduler"))["serviceAccountName"]
+    assert_exactly(
+        grants(objects, service_account), (*PERMISSIONS, *LEADER_ELECTION), who="scheduler"
+    )
+    assert built_in_bindings(objects, service_account) == {
+        ("", "ClusterRole", "system:kube-scheduler"),
+        ("", "ClusterRole", "system:volume-scheduler"),
+        ("kube-system", "Role", "extension-apiserver-authentication-reader"),
+    }
+    # No other ServiceAccount of the chart gets a built-in role.
+    for other in find(objects, "ServiceAccount"):
+        if other["metadata"]["name"] != service_account:
+            assert not built_in_bindings(objects, other["metadata"]["name"])
+
+
+def test_scheduler_off_renders_no_scheduler_and_no_scheduler_name() -> None:
+    objects = render({"scheduler": {"enabled": False}})
+    assert not [
+        o
+        for o in objects
+        if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "scheduler"
+    ]
+    assert not built_in_bindings(objects, "metagpu-scheduler")
+
+
+@pytest.mark.parametrize("values", scenario_params())
 def test_agent_rbac_is_exactly_its_permissions(values: Obj) -> None:
     from plugin.agent.permissions import PERMISSIONS
 
@@ -282,7 +341,7 @@ def test_bootstrap_rbac_is_exactly_its_permissions_for_the_names_it_is_given(val
 def test_bootstrap_may_patch_only_the_release_webhook_configuration() -> None:
     objects = render()
     configuration = one(objects, "MutatingWebhookConfiguration")["metadata"]["name"]
-    secret = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    secret = component(objects, "Deployment", "webhook")["spec"]["template"]["spec"]["volumes"]
     tls_secret = next(v for v in secret if v["name"] == "tls")["secret"]["secretName"]
     for run in _bootstrap_runs(objects):
         args = pod_spec(run)["containers"][0]["args"]
@@ -314,16 +373,18 @@ def test_every_service_account_is_used_and_none_is_shared() -> None:
     webhook = pod_spec(component(objects, "Deployment", "webhook"))["serviceAccountName"]
     plugin = pod_spec(component(objects, "DaemonSet", "plugin"))["serviceAccountName"]
     agent = pod_spec(component(objects, "DaemonSet", "agent"))["serviceAccountName"]
+    scheduler = pod_spec(component(objects, "Deployment", "scheduler"))["serviceAccountName"]
     assert (
         len(
             {
                 webhook,
                 plugin,
                 agent,
+                scheduler,
                 *[pod_spec(o)["serviceAccountName"] for o in _bootstrap_runs(objects)],
             }
         )
-        == 5
+        == 6
     )
 
 

@@ -24,6 +24,7 @@ from metagpu.dev_prompt import (
     PromptError,
     Quit,
     Release,
+    Schedule,
     ShowDevices,
     ShowHelp,
     parse_prompt,
@@ -40,6 +41,7 @@ from tests.conftest import REPO_ROOT
         pytest.param("allocate 0.5", Allocate(units=50, asked="0.5"), id="fraction"),
         pytest.param("allocate 500m", Allocate(units=50, asked="500m"), id="milli"),
         pytest.param("ALLOCATE 1.5", Allocate(units=150, asked="1.5"), id="case-insensitive"),
+        pytest.param("schedule 0.7", Schedule(units=70, asked="0.7"), id="schedule"),
         pytest.param("release 2", Release(number=2), id="release-one"),
         pytest.param("release all", Release(number=None), id="release-all"),
         pytest.param("devices", ShowDevices(), id="devices"),
@@ -169,6 +171,14 @@ def test_dev_session_end_to_end(session: Session, tmp_path: Path) -> None:
     # Commands on stdin: allocate, bad input, an XID that makes a GPU unhealthy.
     session.send("allocate 1.5")
     session.wait_line("#1 allocate 1.5 -> 150 units")
+    # The scheduler extender's decision on the simulated node, then the kubelet's.
+    session.send("schedule 0.7")
+    session.wait_line("free units per GPU (extender's view)")
+    assigned = session.wait_line("extender: assigned 70 on GPU ")
+    placed = session.wait_line("#2 allocate 0.7 -> 70 units: 70 on GPU ")
+    assert assigned.split("assigned ", 1)[1] == placed.split("units: ", 1)[1]
+    session.send("schedule 3.0")
+    assert "needs 300 units, 180 free" in session.wait_line("extender: node refused:")
     session.send("allocate 0.333")
     session.wait_line("try 0.33 or 0.34")
     session.send("xid 3 79")

@@ -52,6 +52,7 @@ def test_defaults_are_the_documented_contract() -> None:
             },
         ],
         "runtime_class_name": "nvidia",
+        "scheduler_name": None,
         "default_compute_policy": "balance",
         "visible_devices_policy": "deny",
         "deny_privileged": True,

@@ -1,7 +1,7 @@
 """A watch-backed cache of the ResourceQuotas that limit GPUs or units (adapter).
 
 Feeds the admission warning of :mod:`webhook.quotas.coverage` without any
-I/O per request: a background :class:`webhook.watching.ListWatch` keeps, per
+I/O per request: a background :class:`plugin.kube.listwatch.ListWatch` keeps, per
 namespace, only the names of the quotas that limit ``nvidia.com/gpu`` or the
 metagpu resource (a quota about CPU or pods is never stored), and the warning
 text is worked out when a quota changes, not when a pod arrives. The cache is
@@ -20,18 +20,21 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
 from kubernetes_asyncio import client as k8s_client
 
+from plugin.kube.listwatch import WATCH_TIMEOUT_S, ListWatch
 from webhook.model import NamespaceFacts
-from webhook.namespaces import WATCH_TIMEOUT_S, NamespaceSource
+from webhook.namespaces import NamespaceSource
 from webhook.quotas.coverage import NamespaceQuotas, QuotaKind, kind_of, unmirrored_warning
 from webhook.quotas.mirror import MirrorSettings, key_of
-from webhook.watching import ListWatch, Obj
 
 logger = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
 
 MAX_QUOTAS: Final = 100_000
 """Most quotas tracked; a few per namespace in the largest clusters is far below it."""
@@ -57,8 +60,8 @@ class QuotaCache:
         self._synced = asyncio.Event()
         self._full_logged = False
         self._watch = ListWatch(
+            "resourcequotas",
             k8s_client.CoreV1Api(api).list_resource_quota_for_all_namespaces,
-            what="resourcequotas",
             on_list=self._listed,
             on_event=self._changed,
             watch_timeout_s=watch_timeout_s,
@@ -95,7 +98,7 @@ class QuotaCache:
         return self._warnings.get(namespace, ())
 
     # ---------------------------------------------------------- updating
-    def _listed(self, items: list[Obj]) -> None:
+    def _listed(self, items: Sequence[Obj]) -> None:
         self._kinds, self._count, self._warnings = {}, 0, {}
         for item in items:
             self._put(item)

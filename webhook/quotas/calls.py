@@ -10,12 +10,18 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import aiohttp
 
 from certs.kube import status_fields
-from webhook.watching import raw_response
+
+
+def raw_response(response: object) -> aiohttp.ClientResponse:
+    """With ``_preload_content=False`` the generated client returns the aiohttp response
+    (its annotations say otherwise); reading it ourselves skips model deserialisation."""
+    return cast(aiohttp.ClientResponse, response)
+
 
 REQUEST_TIMEOUT_S: Final = 10.0
 """Per request; these small reads and writes take milliseconds."""

@@ -2,7 +2,7 @@
 
 While this replica leads (:mod:`webhook.quotas.leader`), :class:`QuotaMirror`
 lists every ResourceQuota in the cluster, then watches them
-(:class:`webhook.watching.ListWatch`: resourceVersion, 410 → list again,
+(:class:`plugin.kube.listwatch.ListWatch`: resourceVersion, 410 → list again,
 backoff). Each change marks its namespace; a single worker plans each marked
 namespace with the pure :func:`webhook.quotas.mirror.plan_namespace` and
 applies the actions one at a time. Every list marks every namespace, so a
@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 from kubernetes_asyncio import client as k8s_client
 
-from webhook.namespaces import BACKOFF_S, WATCH_TIMEOUT_S
+from plugin.kube.listwatch import BACKOFF_S, WATCH_TIMEOUT_S, ListWatch
 from webhook.quotas.calls import Answer, call_api, raw_options
 from webhook.quotas.leader import LeaderElector, LeaseTiming
 from webhook.quotas.mirror import (
@@ -39,9 +39,10 @@ from webhook.quotas.mirror import (
     meta_of,
     plan_namespace,
 )
-from webhook.watching import ListWatch, Obj
 
 logger = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
 
 STALE: Final = frozenset({404, 409})
 """Answers that mean "the view was stale"; the next watch event re-plans."""
@@ -71,8 +72,8 @@ class QuotaMirror:
         self._quotas, self._dirty, self._failures = {}, set(), {}
         self._wake = asyncio.Event()
         watch = ListWatch(
+            "resourcequotas (quota mirror)",
             self._v1.list_resource_quota_for_all_namespaces,
-            what="resourcequotas (quota mirror)",
             on_list=self._listed,
             on_event=self._changed,
             watch_timeout_s=self._watch_timeout_s,
@@ -86,7 +87,7 @@ class QuotaMirror:
                 await watcher
 
     # ----------------------------------------------------------- the view
-    def _listed(self, items: list[Obj]) -> None:
+    def _listed(self, items: Sequence[Obj]) -> None:
         previous = set(self._quotas)
         quotas: dict[str, dict[str, Obj]] = {}
         for item in items:

@@ -1,0 +1,103 @@
+"""Configuration of ``metagpu scheduler-extender``: one versioned pydantic model.
+
+Loaded by :func:`plugin.api.settings.load_config` with env prefix
+:data:`ENV_PREFIX` and the precedence flags > env > file > defaults
+(``METAGPU_EXTENDER_LISTEN``, ``METAGPU_EXTENDER_ASSUME_TIMEOUT_S``, ...).
+``docs/scheduler.md`` lists every field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final, Literal, Self
+
+from pydantic import Field, field_validator, model_validator
+
+from plugin.api.config import AllocationPolicy
+from plugin.api.resources import DEFAULT_RESOURCE_NAME, ResourceName
+from plugin.api.settings import StrictModel
+
+ENV_PREFIX: Final = "METAGPU_EXTENDER_"
+
+DEFAULT_LISTEN: Final = "127.0.0.1:8450"
+"""Loopback: the extender runs as a sidecar of kube-scheduler, which calls it on localhost."""
+
+
+class ExtenderTlsConfig(StrictModel):
+    """Optional HTTPS (the chart's sidecar listens on loopback over plain HTTP)."""
+
+    cert_file: Path | None = None
+    """PEM certificate (chain); with ``key_file``. Both unset: plain HTTP."""
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> Self:
+        if (self.cert_file is None) != (self.key_file is None):
+            given = "cert_file" if self.cert_file is not None else "key_file"
+            raise ValueError(f"tls.cert_file and tls.key_file go together; only {given} is set")
+        return self
+
+
+class ExtenderConfig(StrictModel):
+    """Everything ``metagpu scheduler-extender`` reads at start-up."""
+
+    version: Literal["v1"] = "v1"
+    listen: str = DEFAULT_LISTEN
+    """HOST:PORT to serve the extender verbs, /healthz, /readyz and /metrics on."""
+    tls: ExtenderTlsConfig = ExtenderTlsConfig()
+    resource_name: str = DEFAULT_RESOURCE_NAME
+    """The extended resource the ledgers describe (the scheduler's ``managedResources``)."""
+    placement_policy: AllocationPolicy = "binpack"
+    """Default for pods and namespaces without ``metagpu.io/placement-policy``: ``binpack``
+    fills the tightest GPU (keeps whole GPUs free for large requests), ``spread`` the
+    freest. Use the device plugin's ``allocation_policy`` so both choose alike."""
+    assume_timeout_s: float = Field(default=300.0, gt=0, le=86400)
+    """How long a bind's reservation stands while the node has not reported the pod. The
+    kubelet allocates within seconds of the bind; 5 minutes covers a slow or restarting
+    agent without holding units of a pod that never reached its node for long."""
+    kubeconfig: Path | None = None
+    """Kubeconfig to use instead of the in-cluster service account."""
+    initial_sync_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """Until the first list of Nodes and Pods is in, filter and bind answer with an error
+    (the scheduler retries the pod) and /readyz fails; this long at most before a warning."""
+    api_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    """Bound on each API call of a bind (pod read, patch, Binding). kube-scheduler's
+    extender ``httpTimeout`` (default 30 s) must exceed three of these."""
+    request_timeout_s: float = Field(default=30.0, gt=0, le=300)
+    """Bound on handling one request."""
+    max_body_bytes: int = Field(default=16 << 20, ge=1 << 16, le=256 << 20)
+    """Largest request body accepted (413 above). With ``nodeCacheCapable`` a filter is
+    the pod plus node names (tens of KiB); a full NodeList of thousands of nodes is MiBs."""
+    shutdown_timeout_s: float = Field(default=5.0, ge=0, le=60)
+
+    @field_validator("resource_name")
+    @classmethod
+    def _valid_resource_name(cls, value: str) -> str:
+        return str(ResourceName(value))
+
+    @field_validator("listen")
+    @classmethod
+    def _valid_listen(cls, value: str) -> str:
+        split_listen(value)
+        return value
+
+    @property
+    def host(self) -> str:
+        return split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return split_listen(self.listen)[1]
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:8450"`` → ``("127.0.0.1", 8450)``; ``"[::1]:8450"`` → ``("::1", 8450)``."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isascii() or not port_text.isdigit():
+        raise ValueError(f"listen must be HOST:PORT, e.g. {DEFAULT_LISTEN}: {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"listen port must be 0..65535: {value!r}")
+    return host, port

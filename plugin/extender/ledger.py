@@ -1,0 +1,306 @@
+"""Who holds what on every GPU, as the extender must see it (pure).
+
+Two sources, like kube-scheduler's cache with its assumed pods:
+
+* **reported**: each node's :class:`~plugin.api.scheduling.NodeLedger`
+  (annotation ``metagpu.io/gpu-ledger``, written by the node agent from what
+  the kubelet really allocated, with GPU health);
+* **assumed**: assignments this extender made at bind (or found on pods,
+  annotation ``metagpu.io/assigned-gpus``, after a restart) that the node has
+  not reported yet. An assumption is dropped when the node reports the pod,
+  when the pod goes away or ends, or when it is older than the assume timeout
+  (a node that never reports must not hold its units forever).
+
+A pod reported once is *settled*: later events about it never assume it again,
+so a ledger that drops the pod's holders (it ended) and a pod update that
+arrives after it cannot resurrect a reservation.
+
+Times are wall-clock seconds passed in by the caller (the annotation carries
+an RFC 3339 bind time, and a restarted extender must judge it the same way).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from plugin.api.scheduling import NodeLedger, PodAssignment
+from plugin.placement.pod import GpuState
+
+NO_LEDGER = "metagpu agent has not reported this node's GPUs (no metagpu.io/gpu-ledger annotation)"
+
+
+MAX_SHAPES = 1 << 16
+"""Distinct node shapes interned before the table starts over (bounded memory)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Assumption:
+    """Units a pod holds on one node's GPUs that the node has not reported yet."""
+
+    pod_uid: str
+    namespace: str
+    pod: str
+    node: str
+    taken: Mapping[str, int]
+    """GPU ID → units the pod takes there (:attr:`PodPlacement.taken`)."""
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node's GPUs as placement sees them: reported holders plus assumptions."""
+
+    node: str
+    units_per_gpu: int
+    gpus: tuple[GpuState, ...]
+    generation: int
+    """Changes whenever anything this view is built from changes."""
+    shape: int
+    """The per-GPU (free, healthy, NUMA) counts and units per GPU, interned: two views
+    with the same shape get the same placement from place_pod (GPU IDs aside)."""
+
+
+@dataclass
+class _Node:
+    raw: str | None = None
+    """The annotation as last seen: Node heartbeats send a MODIFIED event every few
+    seconds with the same ledger, which is then neither parsed again nor re-viewed."""
+    ledger: NodeLedger | None = None
+    problem: str | None = None
+    reported: dict[str, dict[str, int]] = field(default_factory=dict)
+    """pod UID → GPU ID → units the node reports for it."""
+    generation: int = 0
+    view: NodeView | None = None
+
+
+class Ledger:
+    """The extender's whole picture; all methods are synchronous (no I/O, no awaits).
+
+    Being synchronous is what makes bind safe under concurrency: a bind
+    decides and reserves (:meth:`assume`) before its first await, so a second
+    bind for the same node always sees the first one's units as taken.
+    """
+
+    def __init__(self, *, resource: str) -> None:
+        self.resource = resource
+        self._nodes: dict[str, _Node] = {}
+        self._assumed: dict[str, Assumption] = {}
+        self._settled: set[str] = set()
+        self._generation = 0
+        self._shapes: dict[tuple[int, tuple[tuple[int, bool, int | None], ...]], int] = {}
+        self._shape_epoch = 0
+
+    # ------------------------------------------------------------ reports
+    def set_node(self, name: str, annotation: str | None) -> None:
+        """A node's ledger annotation as last seen (None: the node has none)."""
+        node = self._nodes.get(name)
+        if node is not None and node.raw == annotation and (node.ledger or node.problem):
+            return
+        node = self._nodes.setdefault(name, _Node())
+        node.raw = annotation
+        node.ledger, node.problem, node.reported = None, None, {}
+        if annotation is None:
+            node.problem = NO_LEDGER
+        else:
+            try:
+                ledger = NodeLedger.model_validate_json(annotation)
+            except ValidationError as exc:
+                node.problem = (
+                    "metagpu agent's GPU ledger on this node cannot be read "
+                    f"({exc.error_count()} problem(s), first: {exc.errors()[0]['msg']})"
+                )
+            else:
+                if ledger.resource != self.resource:
+                    node.problem = (
+                        f"the node's GPU ledger is for {ledger.resource}, "
+                        f"this extender places {self.resource}"
+                    )
+                else:
+                    node.ledger = ledger
+                    for gpu in ledger.gpus:
+                        for h in gpu.holders:
+                            per_gpu = node.reported.setdefault(h.pod_uid, {})
+                            per_gpu[gpu.uuid] = per_gpu.get(gpu.uuid, 0) + h.units
+        for uid in list(self._assumed):
+            if self._assumed[uid].node == name and uid in node.reported:
+                self._settle(uid)
+        for uid in node.reported:
+            self._settled.add(uid)
+        self._touch(name)
+
+    def drop_node(self, name: str) -> None:
+        """The Node object is gone."""
+        self._nodes.pop(name, None)
+        for uid in [u for u, a in self._assumed.items() if a.node == name]:
+            del self._assumed[uid]
+
+    # --------------------------------------------------------- assumptions
+    def assume(self, assumption: Assumption) -> None:
+        """Reserve ``assumption.taken`` on its node until reported, forgotten or expired."""
+        old = self._assumed.get(assumption.pod_uid)
+        self._assumed[assumption.pod_uid] = assumption
+        self._settled.discard(assumption.pod_uid)
+        if old is not None and old.node != assumption.node:
+            self._touch(old.node)
+        self._touch(assumption.node)
+
+    def forget(self, pod_uid: str) -> Assumption | None:
+        """Drop a pod's reservation (bind failed, pod deleted or ended)."""
+        gone = self._assumed.pop(pod_uid, None)
+        if gone is not None:
+            self._touch(gone.node)
+        return gone
+
+    def pod_gone(self, pod_uid: str) -> None:
+        """The pod was deleted: forget it entirely."""
+        self.forget(pod_uid)
+        self._settled.discard(pod_uid)
+
+    def observe_pod(
+        self,
+        *,
+        pod_uid: str,
+        namespace: str,
+        pod: str,
+        node_name: str | None,
+        phase: str | None,
+        annotation: str | None,
+        now: float,
+        ttl_s: float,
+    ) -> None:
+        """A pod as the watch saw it: (re)build its assumption from its annotation.
+
+        Assumed only when it is bound to the node its assignment names (an
+        annotation left by a bind that failed half-way is ignored), still
+        running or pending, never reported by that node, and younger than
+        ``ttl_s``.
+        """
+        if phase in ("Succeeded", "Failed"):
+            self.pod_gone(pod_uid)
+            return
+        if annotation is None or pod_uid in self._settled or pod_uid in self._assumed:
+            return
+        try:
+            assignment = PodAssignment.model_validate_json(annotation)
+        except ValidationError:
+            return
+        if not node_name or assignment.node != node_name:
+            return
+        node = self._nodes.get(node_name)
+        if node is not None and pod_uid in node.reported:
+            self._settled.add(pod_uid)
+            return
+        expires_at = _epoch(assignment.assigned_at) + ttl_s
+        if expires_at <= now:
+            return
+        taken: dict[str, int] = dict(assignment.taken)
+        if not taken:
+            taken = _taken_from_containers(assignment)
+        self.assume(Assumption(pod_uid, namespace, pod, node_name, taken, expires_at))
+
+    def expire(self, now: float) -> list[Assumption]:
+        """Drop assumptions past their deadline; returns them (for a log line each)."""
+        gone = [a for a in self._assumed.values() if a.expires_at <= now]
+        for a in gone:
+            self.forget(a.pod_uid)
+        return gone
+
+    def assumed(self) -> Iterator[Assumption]:
+        return iter(list(self._assumed.values()))
+
+    def assumption(self, pod_uid: str) -> Assumption | None:
+        return self._assumed.get(pod_uid)
+
+    # ------------------------------------------------------------- views
+    @property
+    def node_count(self) -> int:
+        return len(self._nodes)
+
+    def node_names(self) -> list[str]:
+        return list(self._nodes)
+
+    def view(self, name: str) -> NodeView | str:
+        """The node's GPUs for placement, or why there is nothing to place on."""
+        node = self._nodes.get(name)
+        if node is None:
+            return NO_LEDGER
+        if node.view is not None:  # the common case, first
+            return node.view
+        if node.ledger is None:
+            return node.problem or NO_LEDGER
+        extra: dict[str, int] = {}
+        for a in self._assumed.values():
+            if a.node != name:
+                continue
+            for gpu, units in a.taken.items():
+                extra[gpu] = extra.get(gpu, 0) + units
+        gpus = tuple(
+            GpuState(
+                id=g.uuid,
+                free=max(0, g.units - g.used - extra.get(g.uuid, 0)),
+                healthy=g.healthy,
+                numa=g.numa,
+            )
+            for g in sorted(node.ledger.gpus, key=lambda g: g.index)
+        )
+        key = (node.ledger.units_per_gpu, tuple((g.free, g.healthy, g.numa) for g in gpus))
+        if len(self._shapes) >= MAX_SHAPES:
+            # Start over under a new epoch, so no id handed out before means a new shape.
+            self._shapes.clear()
+            self._shape_epoch += 1
+        shape = self._shapes.setdefault(key, (self._shape_epoch << 20) | len(self._shapes))
+        node.view = NodeView(name, node.ledger.units_per_gpu, gpus, node.generation, shape)
+        return node.view
+
+    # ---------------------------------------------------------- internals
+    def _settle(self, uid: str) -> None:
+        self.forget(uid)
+        self._settled.add(uid)
+
+    def _touch(self, name: str) -> None:
+        node = self._nodes.get(name)
+        if node is not None:
+            self._generation += 1
+            node.generation = self._generation
+            node.view = None
+
+
+def _taken_from_containers(assignment: PodAssignment) -> dict[str, int]:
+    """The pod's units per GPU from its containers, for an annotation without ``taken``.
+
+    App containers and sidecars hold theirs for the pod's life; an init
+    container's units are reused by later containers, so it adds only what
+    exceeds them on its GPU.
+    """
+    taken: dict[str, int] = {}
+    for c in assignment.containers:
+        if c.kind != "init":
+            for gpu, units in c.gpus.items():
+                taken[gpu] = taken.get(gpu, 0) + units
+    for c in assignment.containers:
+        if c.kind == "init":
+            for gpu, units in c.gpus.items():
+                taken[gpu] = max(taken.get(gpu, 0), units)
+    return taken
+
+
+def _epoch(timestamp: str) -> float:
+    """RFC 3339 to epoch seconds; an empty or unreadable time counts as long ago."""
+    if not timestamp:
+        return 0.0
+    try:
+        parsed = dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return parsed.timestamp()
+
+
+def rfc3339(epoch_s: float) -> str:
+    """Epoch seconds as the RFC 3339 UTC time the annotation carries."""
+    return dt.datetime.fromtimestamp(epoch_s, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -1,0 +1,79 @@
+"""Prometheus metrics of the scheduler extender, in a registry of its own.
+
+What an operator watches:
+
+* ``metagpu_extender_requests_total{verb, outcome="error"}``: malformed
+  requests or a cache that is not synced (the scheduler retries the pod);
+* ``metagpu_extender_request_duration_seconds`` against the scheduler's
+  extender ``httpTimeout``;
+* ``metagpu_extender_binds_total{outcome="failed"}``: binds the API refused;
+* ``metagpu_extender_assumed_pods``: reservations the nodes have not reported
+  yet (should return to 0 within seconds of each bind);
+* ``metagpu_extender_assumptions_expired_total``: nodes that never reported
+  a bound pod (agent down or stale ledger).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+Verb = Literal["filter", "prioritize", "bind"]
+VERBS: Final[tuple[Verb, ...]] = ("filter", "prioritize", "bind")
+METRICS_CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS_S: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+
+
+class ExtenderMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "metagpu_extender_requests",
+            "Extender requests by verb and outcome (ok, error).",
+            ("verb", "outcome"),
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "metagpu_extender_request_duration_seconds",
+            "Time to answer one extender request.",
+            ("verb",),
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.nodes_failed = Counter(
+            "metagpu_extender_filtered_out_nodes",
+            "Nodes the filter refused (the pod's GPUs would not fit the plugin's way).",
+            registry=self.registry,
+        )
+        self.binds = Counter(
+            "metagpu_extender_binds",
+            "Binds by outcome (bound, refused: no fit any more, failed: the API said no).",
+            ("outcome",),
+            registry=self.registry,
+        )
+        self.assumed = Gauge(
+            "metagpu_extender_assumed_pods",
+            "Pods bound by the extender that their node has not reported yet.",
+            registry=self.registry,
+        )
+        self.expired = Counter(
+            "metagpu_extender_assumptions_expired",
+            "Reservations dropped because the node did not report the pod in time.",
+            registry=self.registry,
+        )
+        self.nodes = Gauge(
+            "metagpu_extender_nodes",
+            "Nodes the extender knows (with or without a GPU ledger).",
+            registry=self.registry,
+        )
+        for verb in VERBS:
+            for outcome in ("ok", "error"):
+                self.requests.labels(verb, outcome)
+        for outcome in ("bound", "refused", "failed"):
+            self.binds.labels(outcome)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,249 @@
+"""The HTTP(S) shell around the extender's verbs (adapter): app factory, handlers, runner.
+
+``POST /filter``, ``/prioritize`` and ``/bind`` take the upstream JSON
+(:mod:`plugin.extender.protocol`). Two error channels, as for the webhook:
+
+* the *request* is unusable (not JSON, not the message the verb expects, too
+  large): HTTP 400 (413) with a plain-text message; the scheduler reports
+  ``failed filter with extender ... code 400`` and retries the pod later;
+* the *pod* cannot be placed, or the cache is not synced yet: HTTP 200 with
+  the reason in ``FailedNodes`` / ``Error``, which kube-scheduler puts in the
+  pod's FailedScheduling event.
+
+``GET /healthz`` (the process answers), ``/readyz`` (Nodes and Pods listed)
+and ``/metrics`` share the port. TLS is optional: the chart runs the extender
+as a sidecar of kube-scheduler and listens on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Final, Protocol
+
+from aiohttp import web
+
+from plugin.extender.config import ExtenderConfig
+from plugin.extender.metrics import METRICS_CONTENT_TYPE, ExtenderMetrics, Verb
+from plugin.extender.protocol import (
+    ExtenderBindingArgs,
+    ProtocolError,
+    filter_result,
+    parse_args,
+    parse_binding,
+)
+from plugin.extender.service import ExtenderCore
+
+logger = logging.getLogger(__name__)
+
+JSON: Final = "application/json"
+
+
+class Readiness(Protocol):
+    @property
+    def ready(self) -> bool: ...
+
+
+class BindPort(Protocol):
+    async def bind(self, args: ExtenderBindingArgs) -> str: ...
+
+
+@dataclass
+class ExtenderState:
+    config: ExtenderConfig
+    core: ExtenderCore
+    cache: Readiness
+    binder: BindPort
+    metrics: ExtenderMetrics = field(default_factory=ExtenderMetrics)
+
+
+STATE_KEY: Final = web.AppKey("metagpu_extender_state", ExtenderState)
+
+NOT_SYNCED: Final = (
+    "metagpu scheduler extender has not listed the cluster's Nodes and Pods yet; "
+    "the pod will be retried"
+)
+
+
+def create_app(state: ExtenderState) -> web.Application:
+    app = web.Application(client_max_size=state.config.max_body_bytes)
+    app[STATE_KEY] = state
+    app.router.add_post("/filter", handle_filter)
+    app.router.add_post("/prioritize", handle_prioritize)
+    app.router.add_post("/bind", handle_bind)
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get("/metrics", handle_metrics)
+    return app
+
+
+async def _serve(
+    request: web.Request, verb: Verb, answer: Callable[[object], Awaitable[object]]
+) -> web.Response:
+    state = request.app[STATE_KEY]
+    started = time.perf_counter()
+    outcome = "error"
+    try:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return web.Response(
+                status=413,
+                text=f"request body is larger than max_body_bytes "
+                f"({state.config.max_body_bytes} bytes)\n",
+            )
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _bad_request(verb, f"{verb}: request body is not JSON: {exc}")
+        try:
+            async with asyncio.timeout(state.config.request_timeout_s):
+                result = await answer(body)
+        except ProtocolError as exc:
+            return _bad_request(verb, f"{verb}: {exc}")
+        except TimeoutError:
+            logger.warning("extender request timed out", extra={"verb": verb})
+            return web.Response(
+                status=503,
+                text=f"{verb}: not answered within request_timeout_s "
+                f"({state.config.request_timeout_s:g}s); the scheduler will retry\n",
+            )
+        outcome = "ok"
+        return web.Response(text=json.dumps(result), content_type=JSON)
+    finally:
+        state.metrics.requests.labels(verb, outcome).inc()
+        state.metrics.duration.labels(verb).observe(time.perf_counter() - started)
+        state.metrics.assumed.set(sum(1 for _ in state.core.ledger.assumed()))
+        state.metrics.nodes.set(state.core.ledger.node_count)
+
+
+def _bad_request(verb: str, message: str) -> web.Response:
+    logger.warning("refused a malformed extender request: %s", message, extra={"verb": verb})
+    return web.Response(status=400, text=message + "\n")
+
+
+async def handle_filter(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+
+    async def answer(body: object) -> object:
+        args = parse_args(body)
+        if not state.cache.ready:
+            return filter_result(args, (), {}, error=NOT_SYNCED)
+        result = state.core.filter(args)
+        state.metrics.nodes_failed.inc(
+            len(result["FailedNodes"]) + len(result["FailedAndUnresolvableNodes"])
+        )
+        return result
+
+    return await _serve(request, "filter", answer)
+
+
+async def handle_prioritize(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+
+    async def answer(body: object) -> object:
+        args = parse_args(body)
+        return state.core.prioritize(args)
+
+    return await _serve(request, "prioritize", answer)
+
+
+async def handle_bind(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+
+    async def answer(body: object) -> object:
+        args = parse_binding(body)
+        if not state.cache.ready:
+            return {"Error": NOT_SYNCED}
+        error = await state.binder.bind(args)
+        if not error:
+            state.metrics.binds.labels("bound").inc()
+        else:
+            state.metrics.binds.labels("failed" if "Binding" in error else "refused").inc()
+            logger.warning(
+                "bind refused: %s",
+                error,
+                extra={"namespace": args.PodNamespace, "pod": args.PodName, "node": args.Node},
+            )
+        return {"Error": error}
+
+    return await _serve(request, "bind", answer)
+
+
+async def handle_healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def handle_readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    ready = state.cache.ready
+    report = {
+        "ready": ready,
+        "nodes": state.core.ledger.node_count,
+        "assumed_pods": sum(1 for _ in state.core.ledger.assumed()),
+    }
+    return web.Response(
+        text=json.dumps(report) + "\n", status=200 if ready else 503, content_type=JSON
+    )
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    return web.Response(
+        body=state.metrics.exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+    )
+
+
+class running_extender:  # noqa: N801 - used like a function: `async with running_extender(s)`
+    """Serve ``state`` on ``state.config.listen``; stop when the block exits.
+
+    A class, not an async generator, so the socket closes when the block exits.
+    """
+
+    def __init__(self, state: ExtenderState) -> None:
+        self._state = state
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> running_extender:
+        config = self._state.config
+        context: ssl.SSLContext | None = None
+        if config.tls.cert_file is not None and config.tls.key_file is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(config.tls.cert_file, config.tls.key_file)
+        runner = web.AppRunner(
+            create_app(self._state),
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=config.shutdown_timeout_s,
+        )
+        await runner.setup()
+        self._runner = runner
+        try:
+            site = web.TCPSite(runner, config.host, config.port, ssl_context=context)
+            await site.start()
+        except BaseException:
+            await asyncio.shield(runner.cleanup())
+            raise
+        port = int(runner.addresses[0][1])
+        host = config.host if config.host not in ("", "0.0.0.0") else "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        self.url = f"{'https' if context else 'http'}://{host}:{port}"
+        logger.info("serving the scheduler extender", extra={"url": self.url})
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await asyncio.shield(runner.cleanup())

@@ -1,0 +1,126 @@
+"""The extender's verbs on decoded requests: filter, prioritize and the bind decision (pure).
+
+No transport here: the HTTP shell (:mod:`plugin.extender.server`) decodes the
+body, calls these, and encodes the answer; the binder
+(:mod:`plugin.extender.binder`) adds the two API writes around
+:meth:`ExtenderCore.decide_bind`. Tests and ``metagpu dev`` call it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from plugin.api.config import AllocationPolicy
+from plugin.extender.decision import (
+    BindDecision,
+    PlacementMemo,
+    PodAsk,
+    bind_decision,
+    filter_nodes,
+    prioritize,
+)
+from plugin.extender.ledger import Ledger, rfc3339
+from plugin.extender.pods import PodSpecError, container_requests, placement_policy
+from plugin.extender.protocol import (
+    ExtenderArgs,
+    ExtenderFilterResult,
+    HostPriority,
+    filter_result,
+)
+
+logger = logging.getLogger(__name__)
+
+ASK_CACHE_SIZE = 4096
+"""Pods whose request the extender remembers between filter and bind (by UID)."""
+
+
+class ExtenderCore:
+    """The ledger, the placement memo and the namespace policies, with the three verbs."""
+
+    def __init__(
+        self,
+        *,
+        resource: str,
+        default_policy: AllocationPolicy = "binpack",
+        assume_timeout_s: float = 300.0,
+        ledger: Ledger | None = None,
+    ) -> None:
+        self.resource = resource
+        self.default_policy: AllocationPolicy = default_policy
+        self.assume_timeout_s = assume_timeout_s
+        self.ledger = ledger if ledger is not None else Ledger(resource=resource)
+        self.memo = PlacementMemo()
+        self.namespace_annotations: dict[str, Mapping[str, str]] = {}
+        """Namespace name → its annotations (only namespaces that have any)."""
+        self._asks: OrderedDict[str, PodAsk] = OrderedDict()
+
+    # --------------------------------------------------------------- asks
+    def ask_of(self, pod: Mapping[str, Any]) -> PodAsk:
+        """The pod's containers and policy; :class:`PodSpecError` when unreadable."""
+        meta = pod.get("metadata") or {}
+        namespace = meta.get("namespace") or ""
+        policy, warning = placement_policy(
+            pod,
+            namespace_annotations=self.namespace_annotations.get(namespace),
+            default=self.default_policy,
+        )
+        if warning:
+            logger.warning(warning, extra={"namespace": namespace, "pod": meta.get("name")})
+        ask = PodAsk(container_requests(pod, resource=self.resource), policy)
+        uid = meta.get("uid")
+        if isinstance(uid, str) and uid:
+            self._asks[uid] = ask
+            self._asks.move_to_end(uid)
+            if len(self._asks) > ASK_CACHE_SIZE:
+                self._asks.popitem(last=False)
+        return ask
+
+    def remembered_ask(self, pod_uid: str) -> PodAsk | None:
+        """The ask last read from this pod in a filter or prioritize call, if any."""
+        return self._asks.get(pod_uid)
+
+    # -------------------------------------------------------------- verbs
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        names = args.node_names()
+        try:
+            ask = self.ask_of(args.Pod)
+        except PodSpecError as exc:
+            return filter_result(args, (), {}, error=f"cannot read the pod's request: {exc}")
+        outcome = filter_nodes(ask, names, self.ledger, self.memo)
+        return filter_result(
+            args, outcome.passed, outcome.failed, unresolvable=outcome.unresolvable
+        )
+
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        names = args.node_names()
+        try:
+            ask = self.ask_of(args.Pod)
+        except PodSpecError:
+            return [{"Host": name, "Score": 0} for name in names]
+        return [
+            {"Host": name, "Score": score}
+            for name, score in prioritize(ask, names, self.ledger, self.memo)
+        ]
+
+    def decide_bind(
+        self, ask: PodAsk, *, node: str, pod_uid: str, namespace: str, pod: str, now: float
+    ) -> BindDecision | str:
+        """Decide and **reserve** (synchronously): the caller writes the pod next."""
+        decision = bind_decision(
+            ask,
+            node=node,
+            pod_uid=pod_uid,
+            namespace=namespace,
+            pod=pod,
+            ledger=self.ledger,
+            memo=self.memo,
+            now=now,
+            ttl_s=self.assume_timeout_s,
+            assigned_at=rfc3339(now),
+        )
+        if not isinstance(decision, str):
+            self.ledger.assume(decision.assumption)
+        return decision

@@ -1,0 +1,232 @@
+"""Benchmark: the scheduler extender's filter + prioritize and bind decision, in process.
+
+Usage: ``python tests/benchmarks/extender.py [--quick]``
+
+A cluster of 1,000 nodes × 8 GPUs × 100 units, each GPU 0-100% used in steps
+of 10 (seeded; about half the units in use, 1% of GPUs unhealthy), as the
+extender's ledger holds it after the node agents reported. Measured, in the
+process, on parsed requests (the HTTP decode is measured apart):
+
+* **filter + prioritize**, the two calls kube-scheduler makes for one pod,
+  over the node names it sends: all 1,000 (``percentageOfNodesToScore: 100``)
+  and 420 (what kube-scheduler's adaptive default, 50% − nodes/125, sends at
+  1,000 nodes). Two workloads:
+
+  - *repeated ask*: every pod asks what the previous one did (the pods of one
+    Deployment or Job), and one node's ledger changes between pods (the last
+    bind). The placement memo answers unchanged nodes;
+  - *same sizes, another workload*: every pod asks one of six common sizes
+    under container names no pod had (another Deployment): answers are shared
+    by size, names put back;
+  - *new ask*: every pod asks a number of units no pod asked before, so every
+    node is placed afresh: the worst case, one place_pod per node.
+
+* **bind decision**: place_pod on one node plus the reservation (no API call).
+
+* baseline, same run: the check kube-scheduler's own NodeResourcesFit makes
+  per node for this resource (free units in total >= the pod's), in Python
+  over the same ledger, so the figures can be read against "the least any
+  filter costs here".
+
+Targets (issue 14): filter + prioritize p99 < 5 ms at 1,000 nodes × 8 GPUs;
+bind decision p99 < 1 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from plugin.api.scheduling import GpuHolder, GpuLedgerEntry, NodeLedger
+from plugin.extender.decision import PlacementMemo
+from plugin.extender.ledger import NodeView
+from plugin.extender.protocol import ExtenderArgs, parse_args
+from plugin.extender.service import ExtenderCore
+from tests.benchmarks._stats import block_p99, percentile
+
+RESOURCE = "cnvrg.io/metagpu"
+NODES, GPUS, UNITS = 1000, 8, 100
+SAMPLED = 420
+"""kube-scheduler's numFeasibleNodesToFind at 1,000 nodes: max(100, 1000 × (50 − 1000/125)%)."""
+FILTER_TARGET_MS, BIND_TARGET_MS = 5.0, 1.0
+
+
+def node_ledger(rnd: random.Random, name: str) -> str:
+    gpus = []
+    for i in range(GPUS):
+        used = rnd.choice(range(0, UNITS + 1, 10))
+        holders = (
+            (GpuHolder(pod_uid=f"{name}-{i}", namespace="ns", pod="p", container="c", units=used),)
+            if used
+            else ()
+        )
+        gpus.append(
+            GpuLedgerEntry(
+                uuid=f"GPU-{name}-{i}",
+                index=i,
+                units=UNITS,
+                healthy=rnd.random() > 0.01,
+                numa=i * 2 // GPUS,
+                holders=holders,
+            )
+        )
+    return NodeLedger(resource=RESOURCE, units_per_gpu=UNITS, gpus=tuple(gpus)).model_dump_json()
+
+
+def cluster(seed: int = 14) -> tuple[ExtenderCore, list[str], random.Random]:
+    rnd = random.Random(seed)
+    core = ExtenderCore(resource=RESOURCE)
+    names = [f"node-{n:04d}" for n in range(NODES)]
+    for name in names:
+        core.ledger.set_node(name, node_ledger(rnd, name))
+    return core, names, rnd
+
+
+def pod(units: int, *, name: str, uid: str) -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "namespace": "bench", "uid": uid},
+        "spec": {
+            "schedulerName": "metagpu-scheduler",
+            "containers": [
+                {
+                    "name": name,
+                    "image": "busybox",
+                    "resources": {
+                        "limits": {RESOURCE: str(units)},
+                        "requests": {RESOURCE: str(units)},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def baseline_fit(core: ExtenderCore, names: list[str], units: int) -> list[str]:
+    """NodeResourcesFit's arithmetic for one resource, over the same ledger."""
+    fits = []
+    for name in names:
+        view = core.ledger.view(name)
+        if isinstance(view, NodeView) and sum(g.free for g in view.gpus if g.healthy) >= units:
+            fits.append(name)
+    return fits
+
+
+def row(label: str, samples: list[float], target: float | None = None) -> str:
+    """p50, pooled p99 and, with enough samples, the median of the blocks' p99s
+    (:func:`tests.benchmarks._stats.block_p99`), which a target is judged on: a
+    neighbour's burst on this shared VM lands in one block, a real tail in all."""
+    p50, p99 = statistics.median(samples), percentile(samples, 99)
+    text = f"  {label:<42} p50 {p50:7.3f} ms  p99 {p99:7.3f} ms"
+    judged = p99
+    blocks = len(samples) // 100
+    if blocks >= 3:
+        judged, low, high = block_p99(samples, blocks)
+        text += f"  block p99 {judged:7.3f} [{low:.3f}-{high:.3f}] ms"
+    if target is not None:
+        text += f"  target < {target:g} ms: {'met' if judged < target else 'MISSED'}"
+    return text
+
+
+def measure(quick: bool) -> int:
+    rounds = 30 if quick else 300
+    core, names, rnd = cluster()
+    # The cluster lives as long as the process, as the extender's cache does; the
+    # collector's full passes over it are not what is measured (the extender's CLI
+    # freezes the start-up heap the same way).
+    gc.collect()
+    gc.freeze()
+    sizes = [20, 30, 50, 70, 90, 150]
+    print(
+        f"extender benchmark ({'quick' if quick else 'full'}: {rounds} pods per figure; "
+        f"{NODES} nodes x {GPUS} GPUs x {UNITS} units)"
+    )
+    for count in (NODES, SAMPLED):
+        candidates = names[:count]
+        core.memo = PlacementMemo()  # nothing carried over from the other size
+        print(f"filter + prioritize over {count} node names:")
+        base: list[float] = []
+        repeated: list[float] = []
+        renamed: list[float] = []
+        fresh: list[float] = []
+        for k in range(rounds):
+            units = sizes[k % len(sizes)]
+            # one node changed since the last pod (the last bind's node reported)
+            changed = rnd.choice(names)
+            core.ledger.set_node(changed, node_ledger(rnd, changed))
+            start = time.perf_counter()
+            baseline_fit(core, candidates, units)
+            base.append((time.perf_counter() - start) * 1000)
+            args = ExtenderArgs(Pod=pod(70, name="worker", uid=f"r{k}"), NodeNames=candidates)
+            start = time.perf_counter()
+            core.filter(args)
+            core.prioritize(args)
+            repeated.append((time.perf_counter() - start) * 1000)
+            other = f"deploy{count}-{k}"  # a common size, names no pod had
+            args = ExtenderArgs(Pod=pod(units, name=other, uid=other), NodeNames=candidates)
+            start = time.perf_counter()
+            core.filter(args)
+            core.prioritize(args)
+            renamed.append((time.perf_counter() - start) * 1000)
+            fresh_name = f"job{count}-{k}"
+            # units no pod asked for before (1..rounds, never a common size above)
+            fresh_units = 1 + k if 1 + k not in [*sizes, 70] else 1000 + k
+            args = ExtenderArgs(
+                Pod=pod(fresh_units, name=fresh_name, uid=fresh_name), NodeNames=candidates
+            )
+            start = time.perf_counter()
+            core.filter(args)
+            core.prioritize(args)
+            fresh.append((time.perf_counter() - start) * 1000)
+        print(row("baseline: total-free check per node", base))
+        print(row("repeated ask (one node changed per pod)", repeated, FILTER_TARGET_MS))
+        print(row("same sizes, another workload", renamed, FILTER_TARGET_MS))
+        print(row("new ask (every node placed afresh)", fresh, FILTER_TARGET_MS))
+        b = statistics.median(base)
+        print(
+            f"  ratios to the baseline (p50): repeated {statistics.median(repeated) / b:.1f}x, "
+            f"another workload {statistics.median(renamed) / b:.1f}x, "
+            f"new {statistics.median(fresh) / b:.1f}x"
+        )
+    body = json.dumps({"Pod": pod(70, name="worker", uid="decode"), "NodeNames": names}).encode()
+    decode = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        parse_args(json.loads(body))
+        decode.append((time.perf_counter() - start) * 1000)
+    print(f"request decode ({len(body)} bytes, 1,000 names):")
+    print(row("json.loads + ExtenderArgs", decode))
+    binds = []
+    ask_sizes = [20, 50, 70, 150]
+    for k in range(rounds * 5):
+        the_pod = pod(ask_sizes[k % len(ask_sizes)], name=f"b{k % 7}", uid=f"b{k}")
+        ask = core.ask_of(the_pod)
+        node = rnd.choice(names)
+        start = time.perf_counter()
+        decision = core.decide_bind(
+            ask, node=node, pod_uid=f"b{k}", namespace="bench", pod="p", now=0.0
+        )
+        binds.append((time.perf_counter() - start) * 1000)
+        if not isinstance(decision, str):
+            core.ledger.forget(f"b{k}")
+    print("bind decision (place_pod on one node + the reservation, no API call):")
+    print(row("decide_bind", binds, BIND_TARGET_MS))
+    print(f"placement memo: {core.memo.hits} hits, {core.memo.misses} misses")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds; finishes in seconds")
+    return measure(parser.parse_args().quick)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
