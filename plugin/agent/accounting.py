@@ -144,6 +144,8 @@ class GpuView:
     """The plugin's liveness polls of this GPU since it started: (answered, failed)."""
     claim: GpuClaim | None = None
     """Another resource advertises or holds this GPU (another device plugin)."""
+    numa_node: int | None = None
+    """The GPU's NUMA node (None: unknown): the extender breaks ties by it, as the plugin does."""
 
     @property
     def units_free(self) -> int:
@@ -357,6 +359,7 @@ def build_snapshot(
             GpuView(
                 uuid=info.uuid,
                 index=info.index,
+                numa_node=info.numa_node,
                 name=info.name,
                 memory_total_mib=info.memory_mib,
                 memory_used_mib=used,

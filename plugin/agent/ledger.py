@@ -96,6 +96,7 @@ def build_ledger(
             GpuLedgerEntry(
                 uuid=gpu.uuid if id_strategy == "uuid" else str(gpu.index),
                 index=gpu.index,
+                numa=gpu.numa_node,
                 units=gpu.units_total,
                 healthy=healthy,
                 reason=reason,

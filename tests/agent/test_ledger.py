@@ -73,6 +73,8 @@ def test_ledger_holds_capacity_health_and_the_kubelets_allocations() -> None:
         ("uid-b", "b", "side", 20),  # from the pod watch
     ]
     assert (g1.healthy, g1.reason, g1.holders) == (False, "XID 79: fell off the bus", ())
+    # the extender breaks ties by NUMA node, as the plugin does (place_units)
+    assert [g.numa for g in ledger.gpus] == [0, 0]
 
 
 def test_a_pod_the_watch_has_not_seen_gets_a_placeholder_that_is_no_uid() -> None:
