@@ -13,12 +13,10 @@ Two ways to schedule, both on the project's own placement code:
 
 * **with the extender**: a node passes the filter only if
   :func:`plugin.placement.pod.place_pod` fits the pod on its GPUs (every
-  fraction on one GPU); among those, GPU-level binpack (:func:`binpack_score`:
-  the node whose GPUs the pod leaves fullest, then the fuller node); the
-  containers go where ``place_pod`` put them (what the extender records and the
-  plugin honours). The extender's own scorer (plugin/extender/, built in
-  parallel) was not on main when this was written: :func:`binpack_score`
-  stands in for it.
+  fraction on one GPU); among those, the extender's own scorer
+  (:func:`plugin.extender.decision.score`: GPU-level binpack) picks the node,
+  and the containers go where ``place_pod`` put them (what the extender records
+  at bind and the plugin honours).
 * **without** (the default scheduler and the plugin alone): a node fits when
   its total free units cover the pod; LeastAllocated (most free units) or
   MostAllocated (fewest) scoring; the plugin then places with
@@ -49,10 +47,12 @@ from typing import Literal
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from plugin.api.resources import ResourceName
+from plugin.extender.decision import score as extender_score
+from plugin.extender.ledger import NodeView
 from plugin.gpu.backend import GpuInfo
 from plugin.placement.allocation import preferred_allocation
 from plugin.placement.devices import DeviceTable
-from plugin.placement.pod import ContainerRequest, GpuState, place_pod
+from plugin.placement.pod import ContainerRequest, GpuState, PodPlacement, place_pod
 
 UNITS = 100
 LOADS = (0.5, 0.7, 0.85, 1.0, 1.2)
@@ -71,30 +71,6 @@ def pod_size(rng: random.Random) -> int:
 
 
 MEAN_SIZE = 0.80 * (10 + 75) / 2 + 0.12 * 100 + 0.08 * 150
-
-
-def binpack_score(free: Sequence[int], units: int) -> tuple[int, int] | None:
-    """GPU-level binpack on a node's free units per GPU (lower is better), or None
-    when no GPU layout can take the pod: the units the pod's fraction leaves free
-    on the tightest GPU that holds it (its whole GPUs come from completely free
-    GPUs and leave nothing), then the units left on the node. The node whose best
-    GPU fits tightest wins, so whole GPUs and large gaps stay free for large pods.
-
-    A stand-in for the extender's scorer (plugin/extender/, built in parallel);
-    the node filter is still :func:`place_pod` (checked in score order)."""
-    whole, remainder = divmod(units, UNITS)
-    rest = list(free)
-    for _ in range(whole):
-        if UNITS not in rest:
-            return None
-        rest.remove(UNITS)
-    left = 0
-    if remainder:
-        fits = [f - remainder for f in rest if f >= remainder]
-        if not fits:
-            return None
-        left = min(fits)
-    return left, sum(free) - units
 
 
 @dataclass
@@ -166,31 +142,33 @@ class Cluster:
 
     # ------------------------------------------------------------ with the extender
     def _with_extender(self, units: int) -> tuple[int, dict[str, list[str] | int], bool] | None:
+        """The extender's own decision: filter with place_pod, score with its scorer
+        (:func:`plugin.extender.decision.score`, GPU-level binpack), bind the best
+        node (the lowest index among equals, where kube-scheduler picks at random)."""
         request = [ContainerRequest("main", "app", units)]
-        scored = sorted(
-            (score, i)
-            for i, node in enumerate(self.nodes)
-            if (score := binpack_score(node.free, units)) is not None
-        )
-        for _, i in scored:
-            node = self.nodes[i]
-            placement = place_pod(
-                request,
-                [
-                    GpuState(g, f, numa=self.numa[pos])
-                    for pos, (g, f) in enumerate(zip(self.gpu_ids, node.free, strict=True))
-                ],
-                units_per_gpu=UNITS,
-                policy="binpack",
+        best: tuple[int, int, PodPlacement] | None = None
+        for i, node in enumerate(self.nodes):
+            if sum(node.free) < units:
+                continue  # kube-scheduler's own fit check: never sent to the extender
+            gpus = tuple(
+                GpuState(str(pos), f, numa=self.numa[pos]) for pos, f in enumerate(node.free)
             )
-            if not placement.fits:  # the filter: the plugin's placement, every fraction on one GPU
+            placement = place_pod(request, gpus, units_per_gpu=UNITS, policy="binpack")
+            if not placement.fits:  # the filter: every fraction on one GPU
                 continue
-            held: dict[str, list[str] | int] = {}
-            for gpu, n in placement.taken.items():
-                node.free[self.gpu_ids.index(gpu)] -= n
-                held[gpu] = n
-            return i, held, placement.containers[0].split
-        return None
+            view = NodeView(f"node-{i}", UNITS, gpus, generation=0, shape=0)
+            points = extender_score(placement, view, "binpack")
+            if best is None or points > best[0]:
+                best = (points, i, placement)
+        if best is None:
+            return None
+        _, i, placement = best
+        node = self.nodes[i]
+        held: dict[str, list[str] | int] = {}
+        for pos, n in placement.taken.items():
+            node.free[int(pos)] -= n
+            held[self.gpu_ids[int(pos)]] = n
+        return i, held, placement.containers[0].split
 
     # ------------------------------------------------------------ the plugin alone
     def _plugin_alone(self, units: int) -> tuple[int, dict[str, list[str] | int], bool] | None:
