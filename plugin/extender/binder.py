@@ -32,6 +32,7 @@ from plugin.api.scheduling import ANNOTATION_ASSIGNED_GPUS
 from plugin.extender.pods import PodSpecError
 from plugin.extender.protocol import ExtenderBindingArgs
 from plugin.extender.service import ExtenderCore
+from plugin.kube.listwatch import status_message
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ class Binder:
         except Exception as exc:
             return None, f"reading the pod failed: {type(exc).__name__}: {exc}"
         if status != 200:
-            return None, f"reading the pod failed: HTTP {status}: {_message(body)}"
+            return None, f"reading the pod failed: HTTP {status}: {status_message(body)}"
         pod = json.loads(body)
         uid = (pod.get("metadata") or {}).get("uid")
         if uid != args.PodUID:
@@ -146,7 +147,7 @@ class Binder:
         except Exception as exc:
             return f"creating the Binding failed: {type(exc).__name__}: {exc}"
         if status // 100 != 2:
-            return f"creating the Binding failed: HTTP {status}: {_message(text)}"
+            return f"creating the Binding failed: HTTP {status}: {status_message(text)}"
         return ""
 
     @staticmethod
@@ -156,13 +157,3 @@ class Binder:
             return resp.status, await resp.read()
         finally:
             resp.release()
-
-
-def _message(body: bytes) -> str:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body[:200].decode("utf-8", "replace")
-    if isinstance(data, dict) and isinstance(data.get("message"), str):
-        return str(data["message"])
-    return body[:200].decode("utf-8", "replace")

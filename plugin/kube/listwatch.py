@@ -94,7 +94,7 @@ class ListWatch:
         finally:
             resp.release()
         if resp.status != 200:
-            raise RuntimeError(f"list {self.what}: HTTP {resp.status}: {_message(body)}")
+            raise RuntimeError(f"list {self.what}: HTTP {resp.status}: {status_message(body)}")
         data = json.loads(body)
         items = [i for i in data.get("items") or [] if isinstance(i, dict)]
         self._on_list(items)
@@ -121,7 +121,7 @@ class ListWatch:
                 return None
             if resp.status != 200:
                 body = await resp.read()
-                raise RuntimeError(f"watch {self.what}: HTTP {resp.status}: {_message(body)}")
+                raise RuntimeError(f"watch {self.what}: HTTP {resp.status}: {status_message(body)}")
             async for line in resp.content:
                 if not line.strip():
                     continue
@@ -141,7 +141,8 @@ class ListWatch:
         return rv
 
 
-def _message(body: bytes) -> str:
+def status_message(body: bytes) -> str:
+    """The ``message`` of a Kubernetes Status body, or its first 200 bytes."""
     try:
         data = json.loads(body)
     except ValueError:
