@@ -36,7 +36,12 @@ def test_opt_out_turns_it_off_and_drops_the_lease_role() -> None:
     values = {"quotaMirror": {"enabled": False}}
     assert webhook_config(values).quota_mirror.enabled is False
     objects = render(values)
-    assert not [r for r in find(objects, "Role") if "leader-election" in r["metadata"]["name"]]
+    # (the scheduler's own leader-election Role is not the mirror's)
+    assert not [
+        r
+        for r in find(objects, "Role")
+        if r["metadata"]["name"] == "metagpu-webhook-leader-election"
+    ]
     role = one(render(), "Role", "metagpu-webhook-leader-election")
     assert role["metadata"]["namespace"] == NAMESPACE
 
