@@ -262,11 +262,23 @@ def device_plugin_setup(directory: Path, *, gpu_count: int = 2) -> DevicePlugin:
     sim = directory / "sim"
     sim.mkdir()
     write_yaml(sim / "gpus.yaml", gpus_file_spec(gpus(gpu_count)))
+    # No kubelet PodResources socket and no API token here: the plugin says so once
+    # and serves on its own policy (the ownership check and the pod watch are tested
+    # outside the image, against their harnesses).
+    pod_resources = directory / "pr"
+    pod_resources.mkdir()
+    api_token = directory / "token"
+    api_token.mkdir()
     sources = kubelet_volumes(pod, objects, directory / "volumes")
     spec = spec_from_chart(
         pod,
         "device-plugin",
-        {**sources, "device-plugins": kubelet_dir},
+        {
+            **sources,
+            "device-plugins": kubelet_dir,
+            "pod-resources": pod_resources,
+            "api-token": api_token,
+        },
         extra_args=("--gpus-file", f"{SIM_DIR}/gpus.yaml"),
         extra_mounts=(Mount(SIM_DIR, sim, read_only=True),),
     )
@@ -295,11 +307,18 @@ def agent_setup(directory: Path) -> NodeAgent:
     write_yaml(sim / "gpus.yaml", gpus_file_spec(gpus(1)))
     pod_resources = directory / "pr"
     pod_resources.mkdir()
+    device_plugins = directory / "dp"  # no plugin's health board: the agent's own view
+    device_plugins.mkdir()
     sources = kubelet_volumes(pod, objects, directory / "volumes")
     spec = spec_from_chart(
         pod,
         "agent",
-        {**sources, "agent-socket-dir": socket_dir, "pod-resources": pod_resources},
+        {
+            **sources,
+            "agent-socket-dir": socket_dir,
+            "pod-resources": pod_resources,
+            "device-plugins": device_plugins,
+        },
         extra_args=("--gpus-file", f"{SIM_DIR}/gpus.yaml"),
         extra_mounts=(Mount(SIM_DIR, sim, read_only=True),),
     )
