@@ -169,8 +169,13 @@ def place_pod(
 
 # ---------------------------------------------------------------- internals
 def _label(c: ContainerRequest) -> str:
-    kind = {"init": "init container", "sidecar": "sidecar container", "app": "container"}[c.kind]
-    return f'{kind} "{c.name}"'
+    return container_label(c.name, c.kind)
+
+
+def container_label(name: str, kind: ContainerKind) -> str:
+    """How a refusal names a container: ``container "main"``, ``init container "setup"``."""
+    word = {"init": "init container", "sidecar": "sidecar container", "app": "container"}[kind]
+    return f'{word} "{name}"'
 
 
 def _by_id(counts: Sequence[int], gpus: Sequence[GpuState]) -> dict[str, int]:
@@ -185,8 +190,27 @@ def _refused(
 
 def _short(c: ContainerRequest, need: int, free: Sequence[int], gpus: Sequence[GpuState]) -> str:
     unhealthy = sum(1 for g in gpus if not g.healthy)
+    return short_text(_label(c), need, sum(free), unhealthy)
+
+
+def short_text(label: str, need: int, total: int, unhealthy: int) -> str:
+    """Not enough free units on the node's healthy GPUs, even split (shared with the
+    vectorised path, :mod:`plugin.placement.fleet`, so both say the same words)."""
     note = f"; {unhealthy} GPU{'s' if unhealthy != 1 else ''} unhealthy" if unhealthy else ""
-    return f"{_label(c)} needs {need} units, {sum(free)} free on healthy GPUs{note}"
+    return f"{label} needs {need} units, {total} free on healthy GPUs{note}"
+
+
+def whole_text(label: str, whole: int, completely: int, total: int) -> str:
+    """Fewer completely free GPUs than the container's whole-GPU part."""
+    return (
+        f"{label} needs {whole} completely free GPU{'s' if whole != 1 else ''} "
+        f"and {completely} {'is' if completely == 1 else 'are'} ({total} units free in total)"
+    )
+
+
+def no_single_gpu_text(units: int, largest: int, total: int) -> str:
+    """No one GPU can hold the fraction: the words issue 14 asks for."""
+    return f"no single GPU has {units} free units (largest {largest}; {total} free in total)"
 
 
 def _no_single_gpu(
@@ -196,18 +220,12 @@ def _no_single_gpu(
     whole, remainder = divmod(c.units, units_per_gpu)
     largest = max(free, default=0)
     total = sum(free)
-    if whole and sum(1 for n in free if n == units_per_gpu) < whole:
-        completely = sum(1 for n in free if n == units_per_gpu)
-        return (
-            f"{_label(c)} needs {whole} completely free GPU{'s' if whole != 1 else ''} "
-            f"and {completely} {'is' if completely == 1 else 'are'} ({total} units free in total)"
-        )
+    completely = sum(1 for n in free if n == units_per_gpu)
+    if whole and completely < whole:
+        return whole_text(_label(c), whole, completely, total)
     if any(held):
         return (
             f"{_label(c)}: the GPU holding its {sum(held)} reused units has no room for "
             f"{need} more (largest free {largest}; {total} free in total)"
         )
-    return (
-        f"no single GPU has {remainder or need} free units "
-        f"(largest {largest}; {total} free in total)"
-    )
+    return no_single_gpu_text(remainder or need, largest, total)

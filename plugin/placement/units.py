@@ -21,8 +21,10 @@ The shape of an answer for ``size`` units with ``U`` units per GPU is
    completely free GPUs) is it split, over as few GPUs as possible (freest
    first). :func:`is_fraction_split` tells the caller.
 
-Plain Python on lists of a few to a few dozen GPUs; no numpy, so the extender
-pays nothing to import it.
+Plain Python on lists of a few to a few dozen GPUs: the device plugin and the
+bind decision place on one node at a time. Deciding one container on every node
+of a cluster at once is :mod:`plugin.placement.fleet`, the same rules over
+arrays, property-tested equal to this.
 """
 
 from __future__ import annotations
