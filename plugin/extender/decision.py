@@ -12,6 +12,10 @@ containers, the policy and the per-GPU (free, healthy, NUMA) counts, so
 :class:`PlacementMemo` remembers answers by exactly that key, with GPUs named by
 position: idle nodes, and nodes in the same state, cost one placement between
 them. Nothing else is cached, so the memo cannot go stale.
+
+Filter and prioritize for pods that ask for GPUs in one container (nearly all)
+do not come here node by node: :mod:`plugin.extender.bulk` decides them for
+every node at once, and :func:`fleet_scores` is :func:`score` over arrays.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from plugin.api.config import AllocationPolicy
 from plugin.api.scheduling import ContainerAssignment, PodAssignment
 from plugin.extender.ledger import Assumption, Ledger, NodeView
+from plugin.placement.fleet import Fleet, FleetPlacement, Ints
 from plugin.placement.pod import ContainerRequest, GpuState, PodPlacement, place_pod, pod_units
 
 MAX_EXTENDER_PRIORITY = 10
@@ -231,6 +238,29 @@ def score(placement: PodPlacement, view: NodeView, policy: AllocationPolicy) -> 
         ]
         raw = 1.0 - sum(left) / len(left)
     return max(0, min(MAX_EXTENDER_PRIORITY, round(raw * MAX_EXTENDER_PRIORITY)))
+
+
+def fleet_scores(placed: FleetPlacement, fleet: Fleet, policy: AllocationPolicy) -> Ints:
+    """:func:`score` for one container on every row of a fleet, with the same float steps.
+
+    The same formulas in the same IEEE operations (an int division, one
+    subtraction, a half-to-even rounding), so each row scores exactly what
+    :func:`score` gives that node's place_pod answer (tests/extender/test_bulk.py).
+    """
+    if policy == "spread":
+        capacity = fleet.units_per_gpu * fleet.healthy
+        raw = np.divide(
+            placed.total - placed.units,
+            capacity,
+            out=np.zeros(capacity.shape, dtype=np.float64),
+            where=capacity > 0,
+        )
+    else:
+        left = (placed.remainder_free - placed.remainder) / fleet.units_per_gpu
+        raw = np.where(placed.remainder > 0, 1.0 - left / (placed.whole + 1), 1.0)
+    scores = np.clip(np.rint(raw * MAX_EXTENDER_PRIORITY), 0, MAX_EXTENDER_PRIORITY)
+    fitting: Ints = np.where(placed.fits, scores, 0).astype(np.int64)
+    return fitting
 
 
 def prioritize(

@@ -93,6 +93,8 @@ class Ledger:
         self._generation = 0
         self._shapes: dict[tuple[int, tuple[tuple[int, bool, int | None], ...]], int] = {}
         self._shape_epoch = 0
+        self._changed: set[str] = set()
+        self._changed_overflow = False
 
     # ------------------------------------------------------------ reports
     def set_node(self, name: str, annotation: str | None) -> None:
@@ -135,6 +137,7 @@ class Ledger:
     def drop_node(self, name: str) -> None:
         """The Node object is gone."""
         self._nodes.pop(name, None)
+        self._note_change(name)
         for uid in [u for u, a in self._assumed.items() if a.node == name]:
             del self._assumed[uid]
 
@@ -223,6 +226,17 @@ class Ledger:
     def node_names(self) -> list[str]:
         return list(self._nodes)
 
+    def take_changed(self) -> set[str] | None:
+        """Nodes whose view (or existence) changed since the last call; None: assume all did.
+
+        For the one derived index kept beside the ledger
+        (:class:`plugin.extender.matrix.NodeMatrix`). Bounded: past twice the
+        node count (plus a margin) the names are dropped and the answer is "all".
+        """
+        changed, overflow = self._changed, self._changed_overflow
+        self._changed, self._changed_overflow = set(), False
+        return None if overflow else changed
+
     def view(self, name: str) -> NodeView | str:
         """The node's GPUs for placement, or why there is nothing to place on."""
         node = self._nodes.get(name)
@@ -267,6 +281,15 @@ class Ledger:
             self._generation += 1
             node.generation = self._generation
             node.view = None
+            self._note_change(name)
+
+    def _note_change(self, name: str) -> None:
+        if self._changed_overflow:
+            return
+        self._changed.add(name)
+        if len(self._changed) > 2 * len(self._nodes) + 1024:
+            self._changed.clear()
+            self._changed_overflow = True
 
 
 def _taken_from_containers(assignment: PodAssignment) -> dict[str, int]:

@@ -35,6 +35,7 @@ async def serve(config: ExtenderConfig, *, open_api: ApiOpener, stop: asyncio.Ev
             async with running_extender(state):
                 try:
                     await asyncio.wait_for(cache.wait_synced(), config.initial_sync_timeout_s)
+                    core.warm()
                 except TimeoutError:
                     logger.warning(
                         "nodes and pods not listed yet; every verb answers 'not synced' "

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from plugin.api.config import AllocationPolicy
+from plugin.extender.bulk import BulkDecisions
 from plugin.extender.decision import (
     BindDecision,
     PlacementMemo,
@@ -23,6 +24,7 @@ from plugin.extender.decision import (
     prioritize,
 )
 from plugin.extender.ledger import Ledger, rfc3339
+from plugin.extender.matrix import NodeMatrix
 from plugin.extender.pods import PodSpecError, container_requests, placement_policy
 from plugin.extender.protocol import (
     ExtenderArgs,
@@ -47,15 +49,25 @@ class ExtenderCore:
         default_policy: AllocationPolicy = "binpack",
         assume_timeout_s: float = 300.0,
         ledger: Ledger | None = None,
+        bulk: bool = True,
     ) -> None:
         self.resource = resource
         self.default_policy: AllocationPolicy = default_policy
         self.assume_timeout_s = assume_timeout_s
         self.ledger = ledger if ledger is not None else Ledger(resource=resource)
         self.memo = PlacementMemo()
+        self.bulk: BulkDecisions | None = BulkDecisions(NodeMatrix(self.ledger)) if bulk else None
+        """The vectorised path for one-container pods; None places node by node (tests
+        compare the two)."""
         self.namespace_annotations: dict[str, Mapping[str, str]] = {}
         """Namespace name → its annotations (only namespaces that have any)."""
         self._asks: OrderedDict[str, PodAsk] = OrderedDict()
+
+    def warm(self) -> None:
+        """Build the vectorised path's rows now, after the first list of nodes, so the
+        first pod scheduled does not pay for writing every node's row."""
+        if self.bulk is not None:
+            self.bulk.matrix.sync()
 
     # --------------------------------------------------------------- asks
     def ask_of(self, pod: Mapping[str, Any]) -> PodAsk:
@@ -89,7 +101,9 @@ class ExtenderCore:
             ask = self.ask_of(args.Pod)
         except PodSpecError as exc:
             return filter_result(args, (), {}, error=f"cannot read the pod's request: {exc}")
-        outcome = filter_nodes(ask, names, self.ledger, self.memo)
+        outcome = self.bulk.filter(ask, names) if self.bulk is not None else None
+        if outcome is None:
+            outcome = filter_nodes(ask, names, self.ledger, self.memo)
         return filter_result(
             args, outcome.passed, outcome.failed, unresolvable=outcome.unresolvable
         )
@@ -100,10 +114,10 @@ class ExtenderCore:
             ask = self.ask_of(args.Pod)
         except PodSpecError:
             return [{"Host": name, "Score": 0} for name in names]
-        return [
-            {"Host": name, "Score": score}
-            for name, score in prioritize(ask, names, self.ledger, self.memo)
-        ]
+        scores = self.bulk.prioritize(ask, names) if self.bulk is not None else None
+        if scores is None:
+            scores = prioritize(ask, names, self.ledger, self.memo)
+        return [{"Host": name, "Score": score} for name, score in scores]
 
     def decide_bind(
         self, ask: PodAsk, *, node: str, pod_uid: str, namespace: str, pod: str, now: float

@@ -18,8 +18,9 @@ from plugin.placement.pod import GpuState, place_pod
 from tests.extender.builders import RESOURCE, ledger, pod
 
 
-def core_with(**nodes: Any) -> ExtenderCore:
-    core = ExtenderCore(resource=RESOURCE)
+def core_with(*, node_by_node: bool = False, **nodes: Any) -> ExtenderCore:
+    """A core with these nodes' ledgers; ``node_by_node``: without the vectorised path."""
+    core = ExtenderCore(resource=RESOURCE, bulk=not node_by_node)
     for name, node_ledger in nodes.items():
         core.ledger.set_node(name, None if node_ledger is None else node_ledger.model_dump_json())
     return core
@@ -331,7 +332,8 @@ def test_pods_of_the_same_sizes_share_answers_under_their_own_names() -> None:
 
 
 def test_the_memo_answers_equal_nodes_once() -> None:
-    core = core_with(**{f"n{i}": ledger([10, 20], node=f"n{i}") for i in range(50)})
+    nodes = {f"n{i}": ledger([10, 20], node=f"n{i}") for i in range(50)}
+    core = core_with(node_by_node=True, **nodes)
     memo = core.memo
     assert isinstance(memo, PlacementMemo)
     filter_pod(core, pod(30), *[f"n{i}" for i in range(50)])
