@@ -31,7 +31,7 @@ from plugin.api.resources import (
     is_dns_label,
     is_dns_subdomain,
 )
-from plugin.api.settings import StrictModel
+from plugin.api.settings import StrictModel, split_listen
 
 ENV_PREFIX: Final = "METAGPU_WEBHOOK_"
 """Env vars are ``METAGPU_WEBHOOK_<FIELD>``, nested fields joined by ``__``."""
@@ -392,7 +392,7 @@ class WebhookConfig(StrictModel):
     @field_validator("listen")
     @classmethod
     def _valid_listen(cls, value: str) -> str:
-        split_listen(value)
+        split_listen(value, example=DEFAULT_LISTEN)
         return value
 
     @model_validator(mode="after")
@@ -434,23 +434,8 @@ class WebhookConfig(StrictModel):
 
     @property
     def host(self) -> str:
-        return split_listen(self.listen)[0]
+        return split_listen(self.listen, example=DEFAULT_LISTEN)[0]
 
     @property
     def port(self) -> int:
-        return split_listen(self.listen)[1]
-
-
-def split_listen(value: str) -> tuple[str, int]:
-    """``"127.0.0.1:8443"`` → ``("127.0.0.1", 8443)``; ``"[::1]:8443"`` → ``("::1", 8443)``."""
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host or not port_text.isascii() or not port_text.isdigit():
-        raise ValueError(f"listen must be HOST:PORT, e.g. {DEFAULT_LISTEN}: {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"write an IPv6 listen address in brackets, e.g. [::1]:8443: {value!r}")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"listen port must be 0..65535: {value!r}")
-    return host, port
+        return split_listen(self.listen, example=DEFAULT_LISTEN)[1]

@@ -353,8 +353,8 @@ def _recorded_units(
         return None
     if value.numerator <= 0:
         return None
-    units, remainder = divmod(value.numerator * settings.units_per_gpu, value.denominator)
-    if remainder:
+    units = _fraction_units(value, settings.units_per_gpu)
+    if units is None:
         return None
     return f"{name} {show_value(raw, value)}", units
 
@@ -431,8 +431,8 @@ def _check_fraction(
             f"of {format_decimal(s.max_gpus)} GPUs per container; ask for {_share_range(s)}"
         )
         return None
-    units, remainder = divmod(numerator * s.units_per_gpu, denominator)
-    if remainder:
+    units = _fraction_units(value, s.units_per_gpu)
+    if units is None:
         low, high = nearest_units(value.value, s.units_per_gpu)
         as_fraction = fraction_suggestion(value.value, s.units_per_gpu)
         as_units = " or ".join(str(u) for u in dict.fromkeys((low, high)) if u > 0)
@@ -444,6 +444,18 @@ def _check_fraction(
         )
         return None
     return units
+
+
+def _fraction_units(value: Quantity, units_per_gpu: int) -> int | None:
+    """``value`` GPUs in units, or None when that is not a whole number of units.
+
+    The one place a share of a GPU becomes units, for admission
+    (:func:`_check_fraction`) and for re-reading a recorded request
+    (:func:`_recorded_units`), so both always agree. Exact integer arithmetic
+    on the share's ratio; callers decide what a non-positive share means.
+    """
+    units, remainder = divmod(value.numerator * units_per_gpu, value.denominator)
+    return None if remainder else units
 
 
 def _share_range(s: RuleSettings) -> str:

@@ -64,7 +64,7 @@ from plugin.agent.labels import desired_labels
 from plugin.agent.ledger import build_ledger
 from plugin.agent.metrics import AgentMetrics
 from plugin.agent.ownership import OwnershipReporter, build_node_event
-from plugin.agent.podresources import PodResourcesClient, PodResourcesError
+from plugin.agent.podresources import PodResourcesReader
 from plugin.agent.pods import PodWatcher
 from plugin.agent.probes import ProbeServer, ProbeState
 from plugin.agent.processes import ProcessHandle, open_process
@@ -76,6 +76,7 @@ from plugin.api.scheduling import NodeLedger
 from plugin.gpu.backend import GpuBackend, GpuBackendError, GpuInfo
 from plugin.gpu.health_file import health_file_path
 from plugin.gpu.identity import GpuIdentityBook
+from plugin.kubelet.podresources import PodResourcesError
 from plugin.placement.devices import GpuSelectionError, select_gpus
 from plugin.placement.ownership import AssignedDevices, ResourceDevices, find_foreign_claims
 
@@ -91,7 +92,7 @@ EVENT_FLUSH_TIMEOUT_S: Final = 2.0
 
 
 class AllocationSource(Protocol):
-    """The kubelet's PodResources API (:class:`plugin.agent.podresources.PodResourcesClient`)."""
+    """The kubelet's PodResources API (:class:`plugin.agent.podresources.PodResourcesReader`)."""
 
     async def list_allocations(self) -> tuple[Allocation, ...]: ...
 
@@ -100,7 +101,7 @@ class AllocationSource(Protocol):
 
 class AllocatableSource(Protocol):
     """Every resource's devices (``GetAllocatableResources``; the same
-    :class:`plugin.agent.podresources.PodResourcesClient`)."""
+    :class:`plugin.agent.podresources.PodResourcesReader`)."""
 
     async def list_allocatable(self) -> tuple[ResourceDevices, ...]: ...
 
@@ -517,7 +518,7 @@ class AgentRuntime:
         if backend is None:
             backend = await asyncio.to_thread(open_backend, gpus_file=self.config.gpus_file)
         self._stack.callback(backend.close)
-        podresources = PodResourcesClient(
+        podresources = PodResourcesReader(
             settings.pod_resources_socket, timeout_s=settings.pod_resources_timeout_s
         )
         self._stack.push_async_callback(podresources.close)

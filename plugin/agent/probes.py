@@ -18,7 +18,8 @@ from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from plugin.agent.metrics import AgentMetrics
-from plugin.api.agent_config import split_listen
+from plugin.api.agent_config import DEFAULT_METRICS_LISTEN
+from plugin.api.settings import split_listen
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class ProbeServer:
     """Serves :func:`build_app` on ``HOST:PORT``; an async context manager."""
 
     def __init__(self, state: ProbeState, listen: str) -> None:
-        self.host, self.port = split_listen(listen)
+        self.host, self.port = split_listen(listen, example=DEFAULT_METRICS_LISTEN)
         self._runner = web.AppRunner(
             build_app(state), handle_signals=False, shutdown_timeout=1.0, access_log=None
         )

@@ -9,14 +9,13 @@ chart (``agent.*`` values) and with ``docs/agent.md``: add fields, never rename.
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Final, Literal
 
 from pydantic import Field, field_validator
 
 from plugin.api.resources import CONTAINER_AGENT_DIR
-from plugin.api.settings import StrictModel
+from plugin.api.settings import StrictModel, split_listen
 
 MemoryEnforcement = Literal["off", "report", "kill"]
 MEMORY_ENFORCEMENT_MODES: Final = ("off", "report", "kill")
@@ -25,23 +24,8 @@ DEFAULT_POD_RESOURCES_SOCKET: Final = Path("/var/lib/kubelet/pod-resources/kubel
 DEFAULT_METRICS_PORT: Final = 9400
 
 
-def split_listen(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``[V6]:PORT`` → ``(host, port)``; raises ValueError saying what is wrong."""
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ValueError(f"must be HOST:PORT, e.g. 0.0.0.0:{DEFAULT_METRICS_PORT}: {value!r}")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port must be 0-65535: {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError as exc:
-            raise ValueError(f"not an IPv6 address in brackets: {value!r}") from exc
-    elif not host:
-        raise ValueError(f"host is empty; use 0.0.0.0 for every interface: {value!r}")
-    return host, port
+DEFAULT_METRICS_LISTEN: Final = f"0.0.0.0:{DEFAULT_METRICS_PORT}"
+"""Every interface: Prometheus scrapes the agent from another node."""
 
 
 class AgentConfig(StrictModel):
@@ -92,7 +76,7 @@ class AgentConfig(StrictModel):
     10 minutes keeps ``kubectl describe pod`` readable and still re-alerts on a job
     that keeps doing it. 0 reports every overrun. Kills are always reported."""
 
-    metrics_listen: str = f"0.0.0.0:{DEFAULT_METRICS_PORT}"
+    metrics_listen: str = DEFAULT_METRICS_LISTEN
     """``HOST:PORT`` of the Prometheus endpoint (``/metrics``, plus ``/healthz`` and
     ``/readyz`` for probes). 9400 is the port GPU exporters conventionally use (it is
     also dcgm-exporter's default: change one if both run with hostNetwork)."""
@@ -126,5 +110,5 @@ class AgentConfig(StrictModel):
     @field_validator("metrics_listen")
     @classmethod
     def _valid_listen(cls, value: str) -> str:
-        split_listen(value)
+        split_listen(value, example=DEFAULT_METRICS_LISTEN)
         return value

@@ -11,10 +11,14 @@ model loaded with prefix ``METAGPU_WEBHOOK_`` is read from
 ``METAGPU_WEBHOOK_TLS__CERT_FILE``. Unknown variables with the prefix are
 ignored on purpose: Kubernetes injects service-link variables such as
 ``METAGPU_WEBHOOK_PORT=tcp://...`` into every pod of the namespace.
+
+:func:`split_listen` is here too: every component's ``HOST:PORT`` setting is
+checked by it, so they accept and refuse the same values with the same words.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import types
 import typing
 from collections.abc import Iterator, Mapping
@@ -154,6 +158,49 @@ def deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
 def env_var_names(model: type[BaseModel], prefix: str) -> dict[str, tuple[str, ...]]:
     """Every env var a model reads, mapped to its field path (for docs and ``--help``)."""
     return {prefix + "__".join(p).upper(): p for p in _model_paths(model)}
+
+
+def split_listen(value: str, *, example: str) -> tuple[str, int]:
+    """``"127.0.0.1:8443"`` → ``("127.0.0.1", 8443)``; ``"[::1]:8443"`` → ``("::1", 8443)``.
+
+    The one parser of every ``HOST:PORT`` setting (webhook ``listen``, extender
+    ``listen``, agent ``metrics_listen``), so all three refuse the same mistakes
+    with the same words. Each ``ValueError`` says what was wrong and shows
+    ``example`` (the caller's default, e.g. ``"127.0.0.1:8443"``) as what would be
+    accepted. An IPv6 host must be bracketed (``[::1]:8443``, as in a URL): a bare
+    ``::1:8443`` is ambiguous, and without this check it would be split into host
+    ``::1`` by accident of ``rpartition``. An empty host is refused rather than
+    read as "every interface", which only some servers do.
+    """
+    port_example = example.rpartition(":")[2]
+    shown = _short(value)
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isascii() or not port_text.isdigit():
+        raise ValueError(f"must be HOST:PORT with a numeric port, e.g. {example}: {shown}")
+    # Compare the text before int(): a port of thousands of digits would otherwise
+    # hit Python's int-conversion limit with an unrelated message.
+    if len(port_text.lstrip("0")) > 5 or int(port_text) > 65535:
+        raise ValueError(f"port must be 0..65535 (0 picks a free one), e.g. {example}: {shown}")
+    if not host:
+        raise ValueError(
+            f"host is empty; use 0.0.0.0 for every interface ([::] for every IPv6 one), "
+            f"e.g. {example}: {shown}"
+        )
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(
+                f"not an IPv6 address in brackets; write e.g. [::1]:{port_example} "
+                f"or a name or IPv4 address without brackets, e.g. {example}: {shown}"
+            ) from None
+    elif ":" in host:
+        raise ValueError(
+            f"write an IPv6 address in brackets, e.g. [::1]:{port_example} "
+            f"(an IPv4 address or name without, e.g. {example}): {shown}"
+        )
+    return host, int(port_text)
 
 
 # ----------------------------------------------------------------- internals

@@ -28,8 +28,9 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Final, Protocol
 
 from plugin.api.gpus import GpuInfo
-from plugin.deviceplugin.podresources import NodeDevices, PodResourcesError
+from plugin.deviceplugin.podresources import NodeDevices
 from plugin.gpu.health_monitor import HealthBoard
+from plugin.kubelet.podresources import PodResourcesError
 from plugin.placement.ownership import Ownership, find_foreign_claims
 
 logger = logging.getLogger(__name__)

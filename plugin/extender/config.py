@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from plugin.api.config import AllocationPolicy
 from plugin.api.resources import DEFAULT_RESOURCE_NAME, ResourceName
-from plugin.api.settings import StrictModel
+from plugin.api.settings import StrictModel, split_listen
 
 ENV_PREFIX: Final = "METAGPU_EXTENDER_"
 
@@ -78,26 +78,13 @@ class ExtenderConfig(StrictModel):
     @field_validator("listen")
     @classmethod
     def _valid_listen(cls, value: str) -> str:
-        split_listen(value)
+        split_listen(value, example=DEFAULT_LISTEN)
         return value
 
     @property
     def host(self) -> str:
-        return split_listen(self.listen)[0]
+        return split_listen(self.listen, example=DEFAULT_LISTEN)[0]
 
     @property
     def port(self) -> int:
-        return split_listen(self.listen)[1]
-
-
-def split_listen(value: str) -> tuple[str, int]:
-    """``"127.0.0.1:8450"`` → ``("127.0.0.1", 8450)``; ``"[::1]:8450"`` → ``("::1", 8450)``."""
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host or not port_text.isascii() or not port_text.isdigit():
-        raise ValueError(f"listen must be HOST:PORT, e.g. {DEFAULT_LISTEN}: {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"listen port must be 0..65535: {value!r}")
-    return host, port
+        return split_listen(self.listen, example=DEFAULT_LISTEN)[1]

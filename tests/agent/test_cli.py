@@ -89,6 +89,8 @@ def test_precedence_flag_env_file_node_name(
         pytest.param(["--metrics-listen", "9400"], {}, "must be HOST:PORT", id="listen-no-host"),
         pytest.param(["--metrics-listen", ":9400"], {}, "host is empty", id="listen-empty-host"),
         pytest.param(["--metrics-listen", "[zz]:1"], {}, "not an IPv6 address", id="listen-v6"),
+        pytest.param(["--metrics-listen", "::1:9400"], {}, "in brackets", id="listen-bare-v6"),
+        pytest.param(["--metrics-listen", "h:65536"], {}, "0..65535", id="listen-port"),
         pytest.param(["--interval", "0"], {}, "agent.interval_s", id="interval-zero"),
         pytest.param(
             [],

@@ -26,7 +26,7 @@ from certs.kube import open_api_client
 from plugin.agent.agent import Agent
 from plugin.agent.containers import PodIndex
 from plugin.agent.kube import KubeEventSink
-from plugin.agent.podresources import PodResourcesClient
+from plugin.agent.podresources import PodResourcesReader
 from plugin.agent.processes import ProcessHandle, open_process
 from plugin.api.config import PluginConfig
 from plugin.gpu.simulated import SimulatedGpu, SimulatedGpus, SimulatedGpusFile
@@ -120,7 +120,7 @@ async def make_rig(
                 }
             }
         )
-        podresources = PodResourcesClient(sock, timeout_s=5)
+        podresources = PodResourcesReader(sock, timeout_s=5)
         index = index_of(pod("a"))
         agent = Agent(
             config,

@@ -15,6 +15,7 @@ from plugin.api.settings import (
     env_var_names,
     load_config,
     read_config_file,
+    split_listen,
 )
 
 
@@ -193,3 +194,59 @@ def test_models_are_frozen() -> None:
     cfg = Sample()
     with pytest.raises(ValueError, match="frozen"):
         cfg.units = 3  # type: ignore[misc]
+
+
+# ------------------------------------------------------------- split_listen
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param("127.0.0.1:8443", ("127.0.0.1", 8443), id="ipv4"),
+        pytest.param("0.0.0.0:0", ("0.0.0.0", 0), id="every-interface-any-port"),
+        pytest.param("localhost:1", ("localhost", 1), id="name"),
+        pytest.param("[::]:65535", ("::", 65535), id="ipv6-any-highest-port"),
+        pytest.param("[::1]:8443", ("::1", 8443), id="ipv6-loopback"),
+        pytest.param("[fd00::7]:9400", ("fd00::7", 9400), id="ipv6-address"),
+        pytest.param("[::ffff:10.0.0.1]:80", ("::ffff:10.0.0.1", 80), id="ipv4-mapped"),
+        pytest.param("host:008443", ("host", 8443), id="leading-zeros"),
+    ],
+)
+def test_split_listen_accepts(value: str, expected: tuple[str, int]) -> None:
+    assert split_listen(value, example="127.0.0.1:8443") == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "must_contain"),
+    [
+        pytest.param("8443", ["must be HOST:PORT"], id="no-colon"),
+        pytest.param("", ["must be HOST:PORT"], id="empty"),
+        pytest.param("host:", ["must be HOST:PORT"], id="no-port"),
+        pytest.param("host:http", ["numeric port"], id="named-port"),
+        pytest.param("host:-1", ["numeric port"], id="negative-port"),
+        pytest.param("host:+1", ["numeric port"], id="signed-port"),
+        pytest.param("host: 1", ["numeric port"], id="space-in-port"),
+        pytest.param("host:\u0661\u0662", ["numeric port"], id="non-ascii-digits"),
+        pytest.param("host:65536", ["0..65535"], id="port-too-high"),
+        pytest.param("host:" + "9" * 5000, ["0..65535"], id="port-of-5000-digits"),
+        pytest.param(":8443", ["host is empty", "use 0.0.0.0 for every interface"], id="no-host"),
+        pytest.param("::1:8443", ["IPv6 address in brackets", "[::1]:1234"], id="bare-ipv6"),
+        pytest.param("::8443", ["IPv6 address in brackets"], id="bare-ipv6-any"),
+        pytest.param("[::1:8443", ["in brackets"], id="open-bracket"),
+        pytest.param("::1]:8443", ["in brackets"], id="close-bracket"),
+        pytest.param("[zz]:1", ["not an IPv6 address in brackets", "[::1]:1234"], id="not-ipv6"),
+        pytest.param("[]:1", ["not an IPv6 address in brackets"], id="empty-brackets"),
+        pytest.param(
+            "[10.0.0.1]:1", ["not an IPv6 address", "without brackets"], id="bracketed-v4"
+        ),
+        pytest.param("[host]:1", ["not an IPv6 address"], id="bracketed-name"),
+    ],
+)
+def test_split_listen_says_what_is_wrong_and_what_would_do(
+    value: str, must_contain: list[str]
+) -> None:
+    """Every refusal names the problem, shows the caller's example and the value."""
+    with pytest.raises(ValueError, match=r"e\.g\. 10\.1\.2\.3:1234") as info:
+        split_listen(value, example="10.1.2.3:1234")
+    message = str(info.value)
+    for part in must_contain:
+        assert part in message
+    assert repr(value)[:60] in message

@@ -6,7 +6,8 @@ the same wire as against a kubelet. The state is what the kubelet's device
 manager would hold: which pod/container has which device IDs of which
 resource. Tests change it with :meth:`FakePodResources.assign`,
 :meth:`FakePodResources.advertise` and :meth:`FakePodResources.release`, and
-can make calls fail like a wedged kubelet (:attr:`FakePodResources.fail_with`).
+can make calls fail (:attr:`FakePodResources.fail_with`) or hang like a wedged
+kubelet (:attr:`FakePodResources.hold`).
 
 Message shapes are the kubelet's own (``pkg/kubelet/apis/podresources/server_v1.go``
 and ``containerDevicesFromResourceDeviceInstances`` in
@@ -48,6 +49,9 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
         """Device ID → NUMA node, for the devices whose plugin reported topology."""
         self.calls: list[str] = []
         self.fail_with: grpc.StatusCode | None = None
+        self.hold: asyncio.Event | None = None
+        """When set, ``List`` and ``GetAllocatableResources`` wait for it before
+        answering: a wedged kubelet, for the caller's deadline to run out on."""
 
     # ------------------------------------------------------ test-side API
     def assign(
@@ -81,6 +85,8 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
         self, request: pb.ListPodResourcesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListPodResourcesResponse:
         self.calls.append("List")
+        if self.hold is not None:
+            await self.hold.wait()
         if self.fail_with is not None:
             await context.abort(self.fail_with, "injected failure")
         response = pb.ListPodResourcesResponse()
@@ -96,6 +102,8 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
         self, request: pb.AllocatableResourcesRequest, context: grpc.aio.ServicerContext
     ) -> pb.AllocatableResourcesResponse:
         self.calls.append("GetAllocatableResources")
+        if self.hold is not None:
+            await self.hold.wait()
         if self.fail_with is not None:
             await context.abort(self.fail_with, "injected failure")
         response = pb.AllocatableResourcesResponse()

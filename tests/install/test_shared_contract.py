@@ -249,10 +249,11 @@ def test_host_paths_follow_values_while_config_paths_stay() -> None:
 
 
 def test_agent_metrics_port_is_the_container_port_and_the_service_port() -> None:
-    from plugin.api.agent_config import split_listen
+    from plugin.api.agent_config import DEFAULT_METRICS_LISTEN
+    from plugin.api.settings import split_listen
 
     _, plugin, objects = configs({**EVERYTHING, "agent": {"metricsPort": 9500}})
-    _, port = split_listen(plugin.agent.metrics_listen)
+    _, port = split_listen(plugin.agent.metrics_listen, example=DEFAULT_METRICS_LISTEN)
     agent = container(agent_pod(objects), "agent")
     assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in agent["ports"]
     for probe in ("livenessProbe", "readinessProbe"):
@@ -287,9 +288,9 @@ def test_listen_hosts_reach_both_components(
     )["args"]
     assert flag(args, "--listen") == webhook_listen
     # ...and the webhook's own model accepts what the chart passes on its command line.
-    from webhook.config import split_listen
+    from webhook.config import WebhookConfig
 
-    assert split_listen(webhook_listen)[1] == 8443
+    assert WebhookConfig(listen=webhook_listen).port == 8443
     assert webhook.version == "v1"
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from plugin.api.settings import ConfigError, load_config
-from webhook.config import ENV_PREFIX, WebhookConfig, split_listen
+from webhook.config import ENV_PREFIX, WebhookConfig
 
 
 def load(
@@ -146,8 +146,14 @@ def test_kubernetes_enabled_from_env(tmp_path: Path, env: str, expected: object)
         pytest.param(
             "extra_resource_names: [a.io/x, a.io/x]", ["listed twice: a.io/x"], id="duplicate"
         ),
-        pytest.param("listen: ':8443'", ["listen must be HOST:PORT"], id="listen-no-host"),
-        pytest.param("listen: ::1:8443", ["in brackets"], id="listen-ipv6"),
+        pytest.param(
+            "listen: '8443'", ["listen", "must be HOST:PORT", "127.0.0.1:8443"], id="listen-no-host"
+        ),
+        pytest.param(
+            "listen: ':8443'", ["listen", "host is empty", "0.0.0.0"], id="listen-empty-host"
+        ),
+        pytest.param("listen: ::1:8443", ["in brackets", "[::1]:8443"], id="listen-ipv6"),
+        pytest.param("listen: '[zz]:8443'", ["not an IPv6 address"], id="listen-bad-ipv6"),
         pytest.param("listen: host:99999", ["0..65535"], id="listen-port"),
         pytest.param(
             "tls: {cert_file: /a}", ["tls.cert_file and tls.key_file go together"], id="half-tls"
@@ -200,12 +206,9 @@ def test_bad_config_names_field_and_value(
 
 
 @pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        ("127.0.0.1:8443", ("127.0.0.1", 8443)),
-        ("[::]:0", ("::", 0)),
-        ("localhost:1", ("localhost", 1)),
-    ],
+    ("listen", "host", "port"),
+    [("127.0.0.1:8443", "127.0.0.1", 8443), ("[::]:0", "::", 0), ("localhost:1", "localhost", 1)],
 )
-def test_split_listen(value: str, expected: tuple[str, int]) -> None:
-    assert split_listen(value) == expected
+def test_host_and_port_come_from_listen(listen: str, host: str, port: int) -> None:
+    c = WebhookConfig(listen=listen)
+    assert (c.host, c.port) == (host, port)
