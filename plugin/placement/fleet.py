@@ -1,30 +1,22 @@
-"""One container's placement on every node at once (numpy): place_pod's answer, vectorised.
+"""A pod's placement on every node at once (numpy): place_pod's answer, vectorised.
 
 Why: the scheduler extender's filter and prioritize see every candidate node
 for every pod (1,000 and more), and :func:`plugin.placement.pod.place_pod`
-costs tens of microseconds of plain Python per node. Most pods ask for GPUs in
-one container (init containers and sidecars without GPUs do not count), and
-for them place_pod's answer is a handful of per-node sums and maxima, which
-numpy computes for all nodes in a few passes over an ``nodes × GPUs`` array.
+costs tens of microseconds of plain Python per node: 1,000 nodes took 10-100
+ms where issue 14 allows 5. The same replay of the kubelet (containers in pod
+order, init containers' units reused, each container placed by
+:func:`~plugin.placement.units.place_units`) runs here on ``nodes × GPUs``
+arrays: a Python loop over the pod's few containers and, inside place_units'
+whole-GPU step, over a node's few GPUs, with every node handled by one numpy
+operation at each step.
 
-Exactly place_pod's answer, not an approximation: for a container of ``s``
-units with ``U`` units per GPU (``w = s // U`` whole GPUs plus ``r = s % U``),
-on the free units of the healthy GPUs (:func:`~plugin.placement.units.place_units`
-with nothing held):
-
-* ``s`` above the total free → refused, :func:`~plugin.placement.pod.short_text`;
-* fewer than ``w`` completely free GPUs → refused,
-  :func:`~plugin.placement.pod.whole_text`;
-* ``r > 0`` and no GPU left after the whole ones holds ``r`` (neither a
-  partly used GPU with ``r`` free nor one more completely free GPU) → refused,
-  :func:`~plugin.placement.pod.no_single_gpu_text`;
-* otherwise it fits, and the remainder goes where place_units puts it: on the
-  NUMA nodes the whole GPUs came from when one of them can hold it, then the
-  tightest GPU (binpack) or the freest (spread). The free units of that GPU
-  are what the extender's binpack score needs.
-
-``tests/placement/test_fleet.py`` checks all of it against place_pod on random
-nodes (hypothesis); the module never decides anything place_pod would not.
+Exactly place_pod's answer, not an approximation: the same order of whole
+GPUs (NUMA groups as :func:`~plugin.placement.units._order_whole` ranks them),
+the same GPU for a remainder (held GPUs first, then the NUMA nodes already
+used, then the tightest or freest, then the lowest index), the same split when
+no GPU can hold it, the same refusals in the same words (the text functions of
+:mod:`plugin.placement.pod`). ``tests/plugin/placement/test_fleet.py`` checks
+all of it against place_pod on random nodes and pods (hypothesis).
 """
 
 from __future__ import annotations
@@ -37,30 +29,23 @@ import numpy as np
 import numpy.typing as npt
 
 from plugin.api.config import AllocationPolicy
-from plugin.placement.pod import (
-    ContainerKind,
-    GpuState,
-    container_label,
-    no_single_gpu_text,
-    short_text,
-    whole_text,
+from plugin.placement.pod import ContainerRequest, GpuState, place_pod
+from plugin.placement.refusals import (
+    FITS,
+    HELD,
+    NO_SINGLE_GPU,
+    REUSE,
+    SHORT,
+    WHOLE,
+    refusal_words,
 )
 
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 
-FITS: Final = 0
-SHORT: Final = 1
-"""Refused: fewer free units on the node's healthy GPUs than the container asks."""
-WHOLE: Final = 2
-"""Refused: fewer completely free GPUs than the container's whole-GPU part."""
-NO_SINGLE_GPU: Final = 3
-"""Refused: no one GPU can hold the fraction."""
-
-_BIG: Final = np.int64(1) << 40
-_BITS: Final = 20
-"""Refusal numbers are packed three to an int64 key (:meth:`FleetPlacement.refusal_keys`):
-each below 2**20, which :class:`Fleet` checks (a node's units, GPUs x units per GPU)."""
+_BIG: Final = np.int64(1) << 60
+_LIMIT: Final = 1 << 20
+"""A node's units (GPUs x units per GPU) stay below this, so sort keys stay in an int64."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,93 +74,256 @@ class Fleet:
         for name in ("units_per_gpu", "unhealthy", "healthy"):
             if getattr(self, name).shape != (rows,):
                 raise ValueError(f"{name} must hold one number per node")
+        if self.numa_columns < 1:
+            raise ValueError("numa_columns must be at least 1")
         if rows and int(self.units_per_gpu.min()) < 1:
             raise ValueError("units_per_gpu must be at least 1 on every node")
-        if rows and int((self.units_per_gpu * self.free.shape[1]).max()) >= 1 << _BITS:
-            raise ValueError(f"a node's units (GPUs x units per GPU) must stay below {1 << _BITS}")
+        if rows and int((self.units_per_gpu * max(self.free.shape[1], 1)).max()) >= _LIMIT:
+            raise ValueError(f"a node's units (GPUs x units per GPU) must stay below {_LIMIT}")
+
+    def subset(self, rows: Ints) -> Fleet:
+        """These rows only (copies), e.g. the nodes that changed since an answer."""
+        return Fleet(
+            free=self.free[rows],
+            numa=self.numa[rows],
+            units_per_gpu=self.units_per_gpu[rows],
+            unhealthy=self.unhealthy[rows],
+            healthy=self.healthy[rows],
+            numa_columns=self.numa_columns,
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class FleetPlacement:
-    """One container of ``units`` on every row of a :class:`Fleet`."""
+    """A pod on every row of a :class:`Fleet`: fits or why not, and what it takes."""
 
-    units: int
     outcome: Ints
-    """:data:`FITS`, :data:`SHORT`, :data:`WHOLE` or :data:`NO_SINGLE_GPU` per row."""
-    whole: Ints
-    """Whole GPUs the container takes on each row (``units // units_per_gpu``)."""
-    remainder: Ints
-    """Units of the fraction (``units % units_per_gpu``), on one GPU."""
-    remainder_free: Ints
-    """Free units, before the pod, of the GPU the fraction goes to (rows that fit
-    with a fraction; 0 elsewhere)."""
-    total: Ints
-    largest: Ints
-    completely: Ints
-    unhealthy: Ints
+    """:data:`FITS` or the refusal's kind, per row."""
+    container: Ints
+    """Per row, the position (in the containers placed) of the container refused; -1."""
+    numbers: Ints
+    """Per row, the refusal's numbers (4 columns; what each means depends on the kind)."""
+    gpus_used: Ints
+    """Per row that fits, how many GPUs the pod takes units from."""
+    left_on_used: Ints
+    """Per row that fits, the free units those GPUs keep after the pod."""
+    units_taken: Ints
+    """Per row that fits, the units the pod takes in all (init containers' reused once)."""
+    taken: Ints | None = None
+    """Units taken from each GPU, from the replay of several containers (None for one
+    container, whose closed form needs no per-GPU array)."""
 
     @property
     def fits(self) -> Bools:
         fits: Bools = self.outcome == FITS
         return fits
 
+    def patch(self, rows: Ints, fresh: FleetPlacement) -> None:
+        """Put ``fresh`` (the answer on ``Fleet.subset(rows)``) in place of those rows."""
+        self.outcome[rows] = fresh.outcome
+        self.container[rows] = fresh.container
+        self.numbers[rows] = fresh.numbers
+        self.gpus_used[rows] = fresh.gpus_used
+        self.left_on_used[rows] = fresh.left_on_used
+        self.units_taken[rows] = fresh.units_taken
+        if self.taken is not None and fresh.taken is not None:
+            self.taken[rows] = fresh.taken
+
     def refusal_keys(self, rows: Ints) -> Ints:
-        """One int per row of ``rows`` that holds everything its refusal's words say.
+        """One line per row of ``rows``, equal exactly when the refusals' words are.
 
         Refusals repeat (many nodes lack the same thing), so a caller formats one
-        text per distinct key (:meth:`refusal`) instead of one per node.
+        text per distinct line (:meth:`refusal`) instead of one per node.
         """
-        outcome = self.outcome[rows]
-        first = np.select(
-            [outcome == SHORT, outcome == WHOLE],
-            [self.unhealthy[rows], self.whole[rows]],
-            self.remainder[rows],
+        keys: Ints = np.column_stack((self.outcome[rows], self.container[rows], self.numbers[rows]))
+        return keys
+
+    def refusal(self, key: Sequence[int], containers: Sequence[ContainerRequest]) -> str:
+        """The words place_pod gives for the refusal behind ``key`` (:meth:`refusal_keys`).
+
+        ``containers`` are the pod's, as placed (names may differ from the pod
+        the answer was computed for: only the sizes decide).
+        """
+        return refusal_words(key, containers)
+
+
+NODE_BY_NODE_BELOW: Final = 8
+"""Fewer rows than this are placed with place_pod row by row: a numpy pass costs about
+the same for 1 row as for 1,000, and the extender patches one or two rows per pod."""
+
+
+def place_pod_on_fleet(
+    fleet: Fleet,
+    containers: Sequence[ContainerRequest],
+    policy: AllocationPolicy,
+    *,
+    node_by_node_below: int = NODE_BY_NODE_BELOW,
+) -> FleetPlacement:
+    """place_pod(containers) on every row; containers asking for nothing are skipped.
+
+    Three ways to the same answer, by cost: row by row with place_pod itself for
+    a few rows, a closed form for one container asking, the replay over arrays.
+    """
+    if fleet.free.shape[0] < node_by_node_below:
+        return _row_by_row(fleet, containers, policy)
+    asking = [index for index, c in enumerate(containers) if c.units > 0]
+    if len(asking) == 1:
+        return _one_container(fleet, asking[0], containers[asking[0]].units, policy)
+    rows = fleet.free.shape[0]
+    upg = fleet.units_per_gpu[:, None]
+    free = fleet.free.copy()
+    reusable: Ints | None = None  # None until an init container holds units
+    taken = np.zeros_like(free)
+    outcome = np.zeros(rows, dtype=np.int64)
+    refused_container = np.full(rows, -1, dtype=np.int64)
+    numbers = np.zeros((rows, 4), dtype=np.int64)
+    alive = np.ones(rows, dtype=np.bool_)
+
+    def refuse(mask: Bools, kind: int, index: int, *values: Ints | int) -> None:
+        nonlocal alive
+        hit = mask & alive
+        if hit.any():
+            outcome[hit] = kind
+            refused_container[hit] = index
+            for column, value in enumerate(values):
+                numbers[hit, column] = value[hit] if isinstance(value, np.ndarray) else value
+            alive = alive & ~hit
+
+    for index, c in enumerate(containers):
+        if c.units <= 0:
+            continue
+        units = c.units
+        held: Ints | None = None
+        need = np.full(rows, units, dtype=np.int64)
+        if reusable is not None:
+            reuse_total = reusable.sum(axis=1)
+            reuse_gpus = (reusable > 0).sum(axis=1)
+            refuse(
+                (units < reuse_total) & (reuse_gpus > 1),
+                REUSE,
+                index,
+                units,
+                reuse_total,
+                reuse_gpus,
+            )
+            # Reusable units are taken in GPU order, as many as the container asks.
+            held = np.clip(units - (np.cumsum(reusable, axis=1) - reusable), 0, reusable)
+            need = need - held.sum(axis=1)
+        total = free.sum(axis=1)
+        refuse(need > total, SHORT, index, need, total, fleet.unhealthy)
+        take = _place_units(fleet, free, held, size=units, need_now=need, policy=policy)
+        mine = take if held is None else held + take
+        split = ((mine > 0) & (mine < upg)).sum(axis=1) > 1
+        if (split & alive).any():
+            whole, remainder = units // fleet.units_per_gpu, units % fleet.units_per_gpu
+            largest = free.max(axis=1, initial=0)
+            completely = (free == upg).sum(axis=1)
+            held_total = held.sum(axis=1) if held is not None else np.zeros_like(total)
+            short_whole = split & (whole > 0) & (completely < whole)
+            refuse(short_whole, WHOLE, index, whole, completely, total)
+            refuse(split & (held_total > 0), HELD, index, held_total, need, largest, total)
+            single = np.where(remainder > 0, remainder, need)
+            refuse(split, NO_SINGLE_GPU, index, single, largest, total)
+        free = free - take
+        taken = taken + take
+        if held is not None and reusable is not None:
+            reusable = reusable - held
+        if c.kind == "init":
+            reusable = mine.copy() if reusable is None else reusable + mine
+    taken[~alive] = 0
+    used_gpus = taken > 0
+    return FleetPlacement(
+        outcome,
+        refused_container,
+        numbers,
+        gpus_used=used_gpus.sum(axis=1),
+        left_on_used=np.where(used_gpus, fleet.free - taken, 0).sum(axis=1),
+        units_taken=taken.sum(axis=1),
+        taken=taken,
+    )
+
+
+def _row_by_row(
+    fleet: Fleet, containers: Sequence[ContainerRequest], policy: AllocationPolicy
+) -> FleetPlacement:
+    """place_pod on each row, its answers put in the arrays.
+
+    A row becomes the GPUs place_pod would see: positions as IDs, NUMA columns
+    as NUMA nodes (same order), and, after them, one GPU with nothing free per
+    unhealthy GPU (a row holds 0 for those and forgets which they were; only
+    their number shows, in a refusal).
+    """
+    rows, width = fleet.free.shape
+    outcome = np.zeros(rows, dtype=np.int64)
+    container = np.full(rows, -1, dtype=np.int64)
+    numbers = np.zeros((rows, 4), dtype=np.int64)
+    taken = np.zeros((rows, width), dtype=np.int64)
+    for row in range(rows):
+        free = fleet.free[row].tolist()
+        gpus = [
+            GpuState(str(pos), free[pos], numa=numa)
+            for pos, numa in enumerate(fleet.numa[row].tolist())
+        ]
+        gpus += [GpuState(f"unhealthy-{n}", 0, healthy=False) for n in range(fleet.unhealthy[row])]
+        placed = place_pod(
+            containers, gpus, units_per_gpu=int(fleet.units_per_gpu[row]), policy=policy
         )
-        second = np.where(outcome == WHOLE, self.completely[rows], self.largest[rows])
-        return (
-            (outcome << (3 * _BITS)) | (first << (2 * _BITS)) | (second << _BITS) | self.total[rows]
-        )
+        if placed.refusal_key is not None:
+            outcome[row], container[row] = placed.refusal_key[:2]
+            numbers[row] = placed.refusal_key[2:]
+            continue
+        for gpu, units in placed.taken.items():
+            taken[row, int(gpu)] = units
+    used = taken > 0
+    return FleetPlacement(
+        outcome,
+        container,
+        numbers,
+        gpus_used=used.sum(axis=1),
+        left_on_used=np.where(used, fleet.free - taken, 0).sum(axis=1),
+        units_taken=taken.sum(axis=1),
+        taken=taken,
+    )
 
-    def refusal(self, key: int, *, name: str, kind: ContainerKind) -> str:
-        """The words place_pod gives for the refusal behind ``key`` (:meth:`refusal_keys`)."""
-        mask = (1 << _BITS) - 1
-        outcome, first = key >> (3 * _BITS), (key >> (2 * _BITS)) & mask
-        second, total = (key >> _BITS) & mask, key & mask
-        label = container_label(name, kind)
-        if outcome == SHORT:
-            return short_text(label, self.units, total, first)
-        if outcome == WHOLE:
-            return whole_text(label, first, second, total)
-        return no_single_gpu_text(first, second, total)
 
+def _one_container(
+    fleet: Fleet, index: int, units: int, policy: AllocationPolicy
+) -> FleetPlacement:
+    """One container asking (the common pod), in closed form: a few sums and maxima.
 
-def place_container(fleet: Fleet, units: int, policy: AllocationPolicy) -> FleetPlacement:
-    """place_pod's answer for one container of ``units`` (> 0) on every row."""
-    if units <= 0:
-        raise ValueError(f"units must be positive, got {units}")
+    For ``units = w × U + r`` with nothing held: refused when the free units are
+    short, when fewer than ``w`` GPUs are completely free, or when ``r > 0`` and
+    no GPU is left to hold it (neither a partly used GPU with ``r`` free nor one
+    more completely free GPU); otherwise the whole GPUs are taken whole and the
+    remainder goes to the GPU :func:`_beside_whole` (or, with no whole GPUs, the
+    tightest or freest) names, and only its free units matter for the score.
+    """
     free = fleet.free
     upg = fleet.units_per_gpu
     whole = units // upg
     remainder = units % upg
     total = free.sum(axis=1)
     largest = free.max(axis=1, initial=0)
-    full = free == upg[:, None]
-    completely = full.sum(axis=1)
+    completely = (free == upg[:, None]).sum(axis=1)
     partial_fit = (free < upg[:, None]) & (free >= remainder[:, None]) & (remainder[:, None] > 0)
     remainder_ok = (remainder == 0) | partial_fit.any(axis=1) | (completely > whole)
-    outcome = np.select(
-        [units > total, completely < whole, ~remainder_ok],
-        [SHORT, WHOLE, NO_SINGLE_GPU],
-        FITS,
-    ).astype(np.int64)
+    short = units > total
+    short_whole = ~short & (completely < whole)
+    no_single = ~short & ~short_whole & ~remainder_ok
+    outcome = np.select([short, short_whole, no_single], [SHORT, WHOLE, NO_SINGLE_GPU], FITS)
+    numbers = np.zeros((free.shape[0], 4), dtype=np.int64)
+    numbers[:, 0] = np.select([short, short_whole], [units, whole], remainder)
+    numbers[:, 1] = np.select([short, short_whole], [total, completely], largest)
+    numbers[:, 2] = np.select([short], [fleet.unhealthy], total)
+    fits = outcome == FITS
+    numbers[fits] = 0
     remainder_free = np.zeros_like(total)
-    with_fraction = (outcome == FITS) & (remainder > 0)
-    # No whole GPUs: no NUMA preference, the tightest (binpack) or freest GPU that holds it.
+    with_fraction = fits & (remainder > 0)
     alone = np.flatnonzero(with_fraction & (whole == 0))
     if alone.size:
-        candidates = free[alone] >= remainder[alone, None]
         if policy == "binpack":
-            remainder_free[alone] = np.where(candidates, free[alone], _BIG).min(axis=1)
+            holds = free[alone] >= remainder[alone, None]
+            remainder_free[alone] = np.where(holds, free[alone], _BIG).min(axis=1)
         else:
             remainder_free[alone] = largest[alone]
     beside = np.flatnonzero(with_fraction & (whole > 0))
@@ -184,15 +332,12 @@ def place_container(fleet: Fleet, units: int, policy: AllocationPolicy) -> Fleet
             fleet, beside, whole[beside], remainder[beside], policy
         )
     return FleetPlacement(
-        units=units,
-        outcome=outcome,
-        whole=whole,
-        remainder=remainder,
-        remainder_free=remainder_free,
-        total=total,
-        largest=largest,
-        completely=completely,
-        unhealthy=fleet.unhealthy,
+        outcome.astype(np.int64),
+        np.where(fits, -1, index),
+        numbers,
+        gpus_used=np.where(fits, whole + (remainder > 0), 0),
+        left_on_used=np.where(with_fraction, remainder_free - remainder, 0),
+        units_taken=np.where(fits, units, 0),
     )
 
 
@@ -243,6 +388,167 @@ def _beside_whole(
     preferred = np.where(taken > 0, best, -1).max(axis=1)
     freest: Ints = np.where(preferred >= 0, preferred, best.max(axis=1))
     return freest
+
+
+def _place_units(
+    fleet: Fleet,
+    free_now: Ints,
+    held: Ints | None,
+    *,
+    size: int,
+    need_now: Ints,
+    policy: AllocationPolicy,
+) -> Ints:
+    """:func:`plugin.placement.units.place_units` on every row: units taken from each GPU.
+
+    ``held`` None: nothing reused (the common case, and the cheaper one).
+    """
+    rows, width = free_now.shape
+    take = np.zeros_like(free_now)
+    if width == 0:
+        return take
+    upg = fleet.units_per_gpu
+    numa = fleet.numa
+    columns = np.arange(fleet.numa_columns)
+    positions = np.arange(width)
+    free = free_now.copy()
+    need = need_now.copy()
+    touched: Bools = held > 0 if held is not None else np.zeros(free.shape, dtype=np.bool_)
+    # (row, NUMA node) as one index, to count and mark per NUMA node with bincount
+    # instead of (rows, GPUs, NUMA nodes) arrays
+    cell = np.arange(rows)[:, None] * fleet.numa_columns + numa
+    used: Bools | None = None  # (rows, NUMA nodes) already used; None: none anywhere
+    if held is not None and touched.any():
+        used = _per_numa(cell[touched], rows, fleet.numa_columns) > 0
+    wanted = np.where(need > 0, size // upg, 0)
+
+    # 1. Whole GPUs from completely free GPUs, in _order_whole's order.
+    if wanted.any():
+        if used is None:
+            used = np.zeros((rows, fleet.numa_columns), dtype=np.bool_)
+        base = free if held is None else free + held
+        candidate = base == upg[:, None]
+        size_of = _per_numa(cell[candidate], rows, fleet.numa_columns)  # candidates per node
+        present = size_of > 0
+        away = (~used).astype(np.int64)  # a NUMA node no held GPU is on ranks later
+        span = 2 * width + 1
+        groups = (away * span + (width - size_of)) * fleet.numa_columns + columns
+        groups = np.where(present, groups, _BIG)
+        enough = present & (size_of >= wanted[:, None])
+        sign = 1 if policy == "binpack" else -1
+        home_key = (away * span + (sign * size_of + width)) * fleet.numa_columns + columns
+        home = np.where(
+            enough.any(axis=1),
+            np.where(enough, home_key, _BIG).argmin(axis=1),
+            groups.argmin(axis=1),
+        )
+        ranked = np.where(columns == home[:, None], -1, groups)
+        group_rank = np.argsort(np.argsort(ranked, axis=1, kind="stable"), axis=1)
+        gpu_rank = np.take_along_axis(group_rank, numa, axis=1)
+        order_key = ((~touched) * (fleet.numa_columns + 1) + gpu_rank) * width + positions
+        order = np.argsort(np.where(candidate, order_key, _BIG), axis=1, kind="stable")
+        if held is None:
+            # Nothing held: every candidate is a whole free GPU and the request still
+            # needs at least one whole GPU per GPU wanted, so the first ``wanted``
+            # candidates in order are taken (place_units' loop never skips one).
+            rank = np.argsort(order, axis=1)
+            chosen: Bools = candidate & (rank < wanted[:, None])
+            take = np.where(chosen, free, 0)
+            need = need - take.sum(axis=1)
+            free = np.where(chosen, 0, free)
+            touched = chosen
+        else:
+            _take_whole_in_order(
+                free,
+                take,
+                need,
+                wanted=wanted,
+                touched=touched,
+                candidate=candidate,
+                order=order,
+                units_per_gpu=upg,
+            )
+        used = used | (_per_numa(cell[touched], rows, fleet.numa_columns) > 0)
+
+    # 2. The remainder on one GPU: held GPUs first, then used NUMA nodes, then policy.
+    rest = need > 0
+    if rest.any():
+        preference = (~touched).astype(np.int64) * 2
+        if used is not None:
+            any_used: Bools = np.any(used, axis=1, keepdims=True)
+            away_gpu = any_used & ~np.take_along_axis(used, numa, axis=1)
+            preference = preference + away_gpu
+        top = int(upg.max())
+        by_free = free if policy == "binpack" else top - free
+        key = (preference * (top + 1) + by_free) * width + positions
+        fits = free >= need[:, None]
+        best = np.where(fits, key, _BIG).argmin(axis=1)
+        single = rest & fits.any(axis=1)
+        row_index = np.flatnonzero(single)
+        take[row_index, best[single]] += need[single]
+        # 3. Split over as few GPUs as possible, freest first (a refusal, or whole GPUs).
+        spread = rest & ~single
+        if spread.any():
+            split_key = ((top - free[spread]) * 4 + preference[spread]) * width + positions
+            order = np.argsort(split_key, axis=1)
+            ordered = np.take_along_axis(free[spread], order, axis=1)
+            before = np.cumsum(ordered, axis=1) - ordered
+            parts = np.clip(need[spread][:, None] - before, 0, ordered)
+            added = np.zeros_like(ordered)
+            np.put_along_axis(added, order, parts, axis=1)
+            take[spread] += added
+    return take
+
+
+def _per_numa(cells: Ints, rows: int, columns: int) -> Ints:
+    """How many of ``cells`` (row x NUMA node indexes) fall in each (row, NUMA node)."""
+    counts: Ints = np.bincount(cells, minlength=rows * columns).reshape(rows, columns)
+    return counts
+
+
+def _take_whole_in_order(
+    free: Ints,
+    take: Ints,
+    need: Ints,
+    *,
+    wanted: Ints,
+    touched: Bools,
+    candidate: Bools,
+    order: Ints,
+    units_per_gpu: Ints,
+) -> None:
+    """place_units' whole-GPU loop where units are held (in place).
+
+    The loop skips a candidate holding more than the request still needs. GPUs
+    holding reused units come first in ``order`` and are walked step by step
+    (a pod's reused units are on one or two GPUs); the completely free GPUs
+    after them all hold ``units_per_gpu``, so the loop takes the first
+    ``min(wanted, need // units_per_gpu)`` of them and skips the rest.
+    """
+    rows = np.arange(free.shape[0])
+    first = candidate & touched
+    ahead = first.sum(axis=1)  # they fill the first places of ``order``
+    for step in range(int(ahead.max(initial=0))):
+        pos = order[:, step]
+        here = free[rows, pos]
+        ok = first[rows, pos] & (wanted > 0) & (here <= need)
+        if not ok.any():
+            continue
+        take[rows, pos] = np.where(ok, here, take[rows, pos])
+        need -= np.where(ok, here, 0)
+        wanted -= ok
+        free[rows, pos] = np.where(ok, 0, here)
+        touched[rows, pos] |= ok
+    rest = candidate & ~touched & ~first
+    count = np.minimum(wanted, need // units_per_gpu)
+    # place among the completely free candidates, which follow the held ones in ``order``
+    rank = order.argsort(axis=1) - ahead[:, None]
+    chosen = rest & (rank < count[:, None])
+    take[chosen] = free[chosen]
+    need -= np.where(chosen, free, 0).sum(axis=1)
+    wanted -= chosen.sum(axis=1)
+    free[chosen] = 0
+    touched |= chosen
 
 
 NO_NUMA: Final = 1 << 40

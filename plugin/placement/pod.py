@@ -27,12 +27,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from plugin.api.config import AllocationPolicy
+from plugin.placement.refusals import (
+    HELD,
+    NO_SINGLE_GPU,
+    REUSE,
+    SHORT,
+    WHOLE,
+    ContainerKind,
+    RefusalKey,
+    refusal_words,
+)
 from plugin.placement.units import is_fraction_split, place_units
-
-ContainerKind = Literal["init", "sidecar", "app"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,9 @@ class PodPlacement:
     taken: Mapping[str, int] = field(default_factory=dict)
     """Units the pod takes from each GPU's free units (what a ledger must book)."""
     refusal: str | None = None
+    refusal_key: RefusalKey | None = None
+    """The refusal as numbers (:mod:`plugin.placement.refusals`): what the vectorised
+    placement records per node, and the words are made from."""
 
     @property
     def fits(self) -> bool:
@@ -118,35 +128,32 @@ def place_pod(
     reusable = [0] * len(gpus)
     taken = [0] * len(gpus)
     placed: list[ContainerPlacement] = []
-    for c in containers:
+    for index, c in enumerate(containers):
         if c.units <= 0:
             continue
         held = [0] * len(gpus)
         reuse_total = sum(reusable)
         if reuse_total:
             if c.units < reuse_total and sum(1 for n in reusable if n) > 1:
-                return _refused(
-                    placed,
-                    taken,
-                    gpus,
-                    f"{_label(c)} would reuse {c.units} of the {reuse_total} units its pod's "
-                    f"init containers hold on {sum(1 for n in reusable if n)} GPUs, and the "
-                    "kubelet picks reused units in no fixed order; give the init containers "
-                    "a share of one GPU, or the container at least as many units",
-                )
+                spread_over = sum(1 for n in reusable if n)
+                key: RefusalKey = (REUSE, index, c.units, reuse_total, spread_over, 0)
+                return _refused(placed, taken, gpus, key, containers)
             for pos, n in enumerate(reusable):
                 part = min(n, c.units - sum(held))
                 held[pos] = part
         need = c.units - sum(held)
         if need > sum(free):
-            return _refused(placed, taken, gpus, _short(c, need, free, gpus))
+            return _refused(placed, taken, gpus, _short(index, need, free, gpus), containers)
         take = place_units(
             free, held, c.units, units_per_gpu=units_per_gpu, numa=numa, policy=policy
         )
         mine = [h + t for h, t in zip(held, take, strict=True)]
         split = is_fraction_split([n for n in mine if n], units_per_gpu=units_per_gpu)
         if split:
-            return _refused(placed, taken, gpus, _no_single_gpu(c, need, held, free, units_per_gpu))
+            why = _no_single_gpu(
+                index, c, need=need, held=held, free=free, units_per_gpu=units_per_gpu
+            )
+            return _refused(placed, taken, gpus, why, containers)
         for pos, t in enumerate(take):
             free[pos] -= t
             taken[pos] += t
@@ -168,64 +175,46 @@ def place_pod(
 
 
 # ---------------------------------------------------------------- internals
-def _label(c: ContainerRequest) -> str:
-    return container_label(c.name, c.kind)
-
-
-def container_label(name: str, kind: ContainerKind) -> str:
-    """How a refusal names a container: ``container "main"``, ``init container "setup"``."""
-    word = {"init": "init container", "sidecar": "sidecar container", "app": "container"}[kind]
-    return f'{word} "{name}"'
-
-
 def _by_id(counts: Sequence[int], gpus: Sequence[GpuState]) -> dict[str, int]:
     return {gpus[pos].id: n for pos, n in enumerate(counts) if n}
 
 
 def _refused(
-    placed: list[ContainerPlacement], taken: list[int], gpus: Sequence[GpuState], why: str
+    placed: list[ContainerPlacement],
+    taken: list[int],
+    gpus: Sequence[GpuState],
+    key: RefusalKey,
+    containers: Sequence[ContainerRequest],
 ) -> PodPlacement:
-    return PodPlacement(tuple(placed), _by_id(taken, gpus), refusal=why)
-
-
-def _short(c: ContainerRequest, need: int, free: Sequence[int], gpus: Sequence[GpuState]) -> str:
-    unhealthy = sum(1 for g in gpus if not g.healthy)
-    return short_text(_label(c), need, sum(free), unhealthy)
-
-
-def short_text(label: str, need: int, total: int, unhealthy: int) -> str:
-    """Not enough free units on the node's healthy GPUs, even split (shared with the
-    vectorised path, :mod:`plugin.placement.fleet`, so both say the same words)."""
-    note = f"; {unhealthy} GPU{'s' if unhealthy != 1 else ''} unhealthy" if unhealthy else ""
-    return f"{label} needs {need} units, {total} free on healthy GPUs{note}"
-
-
-def whole_text(label: str, whole: int, completely: int, total: int) -> str:
-    """Fewer completely free GPUs than the container's whole-GPU part."""
-    return (
-        f"{label} needs {whole} completely free GPU{'s' if whole != 1 else ''} "
-        f"and {completely} {'is' if completely == 1 else 'are'} ({total} units free in total)"
+    return PodPlacement(
+        tuple(placed),
+        _by_id(taken, gpus),
+        refusal=refusal_words(key, containers),
+        refusal_key=key,
     )
 
 
-def no_single_gpu_text(units: int, largest: int, total: int) -> str:
-    """No one GPU can hold the fraction: the words issue 14 asks for."""
-    return f"no single GPU has {units} free units (largest {largest}; {total} free in total)"
+def _short(index: int, need: int, free: Sequence[int], gpus: Sequence[GpuState]) -> RefusalKey:
+    unhealthy = sum(1 for g in gpus if not g.healthy)
+    return (SHORT, index, need, sum(free), unhealthy, 0)
 
 
 def _no_single_gpu(
-    c: ContainerRequest, need: int, held: Sequence[int], free: Sequence[int], units_per_gpu: int
-) -> str:
+    index: int,
+    c: ContainerRequest,
+    *,
+    need: int,
+    held: Sequence[int],
+    free: Sequence[int],
+    units_per_gpu: int,
+) -> RefusalKey:
     """Why the container's share would be split: the words of a FailedScheduling event."""
     whole, remainder = divmod(c.units, units_per_gpu)
     largest = max(free, default=0)
     total = sum(free)
     completely = sum(1 for n in free if n == units_per_gpu)
     if whole and completely < whole:
-        return whole_text(_label(c), whole, completely, total)
+        return (WHOLE, index, whole, completely, total, 0)
     if any(held):
-        return (
-            f"{_label(c)}: the GPU holding its {sum(held)} reused units has no room for "
-            f"{need} more (largest free {largest}; {total} free in total)"
-        )
-    return no_single_gpu_text(remainder or need, largest, total)
+        return (HELD, index, sum(held), need, largest, total)
+    return (NO_SINGLE_GPU, index, remainder or need, largest, total, 0)
