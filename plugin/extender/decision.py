@@ -13,9 +13,10 @@ containers, the policy and the per-GPU (free, healthy, NUMA) counts, so
 position: idle nodes, and nodes in the same state, cost one placement between
 them. Nothing else is cached, so the memo cannot go stale.
 
-Filter and prioritize for pods that ask for GPUs in one container (nearly all)
-do not come here node by node: :mod:`plugin.extender.bulk` decides them for
-every node at once, and :func:`fleet_scores` is :func:`score` over arrays.
+Filter and prioritize do not come here node by node unless the cluster is
+one the arrays cannot hold: :mod:`plugin.extender.bulk` decides every node at
+once, and :func:`fleet_scores` is :func:`score` over arrays. Bind, one node,
+uses this module.
 """
 
 from __future__ import annotations
@@ -222,6 +223,9 @@ def score(placement: PodPlacement, view: NodeView, policy: AllocationPolicy) -> 
       elsewhere (the fragmentation issue 14 measured);
     * **spread**: the share of the node's healthy units still free after the
       pod: the emptiest node scores highest.
+
+    In integers, rounded half to even at the end: exact, so :func:`fleet_scores`
+    (the same over arrays) gives every node the same score to the last unit.
     """
     if placement.refusal is not None or not placement.taken:
         return 0
@@ -229,38 +233,41 @@ def score(placement: PodPlacement, view: NodeView, policy: AllocationPolicy) -> 
     if policy == "spread":
         capacity = upg * sum(1 for g in view.gpus if g.healthy)
         free = sum(g.free for g in view.gpus if g.healthy) - sum(placement.taken.values())
-        raw = free / capacity if capacity else 0.0
-    else:
-        left = [
-            (view.gpus[int(pos)].free - taken) / upg
-            for pos, taken in placement.taken.items()
-            if taken
-        ]
-        raw = 1.0 - sum(left) / len(left)
-    return max(0, min(MAX_EXTENDER_PRIORITY, round(raw * MAX_EXTENDER_PRIORITY)))
+        if not capacity:
+            return 0
+        return _bounded(_rounded(MAX_EXTENDER_PRIORITY * free, capacity))
+    touched = [(int(pos), taken) for pos, taken in placement.taken.items() if taken]
+    left = sum(view.gpus[pos].free - taken for pos, taken in touched)
+    whole = upg * len(touched)
+    return _bounded(_rounded(MAX_EXTENDER_PRIORITY * (whole - left), whole))
+
+
+def _rounded(numerator: int, denominator: int) -> int:
+    """``numerator / denominator`` rounded half to even, in integers (denominator > 0)."""
+    quotient, rest = divmod(numerator, denominator)
+    if 2 * rest > denominator or (2 * rest == denominator and quotient % 2):
+        quotient += 1
+    return quotient
+
+
+def _bounded(value: int) -> int:
+    return max(0, min(MAX_EXTENDER_PRIORITY, value))
 
 
 def fleet_scores(placed: FleetPlacement, fleet: Fleet, policy: AllocationPolicy) -> Ints:
-    """:func:`score` for one container on every row of a fleet, with the same float steps.
-
-    The same formulas in the same IEEE operations (an int division, one
-    subtraction, a half-to-even rounding), so each row scores exactly what
-    :func:`score` gives that node's place_pod answer (tests/extender/test_bulk.py).
-    """
+    """:func:`score` for a pod on every row of a fleet, in the same integer steps."""
     if policy == "spread":
-        capacity = fleet.units_per_gpu * fleet.healthy
-        raw = np.divide(
-            placed.total - placed.units,
-            capacity,
-            out=np.zeros(capacity.shape, dtype=np.float64),
-            where=capacity > 0,
-        )
+        numerator = MAX_EXTENDER_PRIORITY * (fleet.free.sum(axis=1) - placed.units_taken)
+        denominator = fleet.units_per_gpu * fleet.healthy
     else:
-        left = (placed.remainder_free - placed.remainder) / fleet.units_per_gpu
-        raw = np.where(placed.remainder > 0, 1.0 - left / (placed.whole + 1), 1.0)
-    scores = np.clip(np.rint(raw * MAX_EXTENDER_PRIORITY), 0, MAX_EXTENDER_PRIORITY)
-    fitting: Ints = np.where(placed.fits, scores, 0).astype(np.int64)
-    return fitting
+        denominator = fleet.units_per_gpu * placed.gpus_used
+        numerator = MAX_EXTENDER_PRIORITY * (denominator - placed.left_on_used)
+    safe = np.maximum(denominator, 1)
+    quotient, rest = np.divmod(numerator, safe)
+    quotient += (2 * rest > safe) | ((2 * rest == safe) & (quotient % 2 == 1))
+    scores = np.clip(quotient, 0, MAX_EXTENDER_PRIORITY)
+    counted: Ints = np.where(placed.fits & (denominator > 0) & (placed.gpus_used > 0), scores, 0)
+    return counted
 
 
 def prioritize(

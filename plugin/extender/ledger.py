@@ -226,6 +226,10 @@ class Ledger:
     def node_names(self) -> list[str]:
         return list(self._nodes)
 
+    def has_node(self, name: str) -> bool:
+        """The Node object exists (with or without a usable ledger)."""
+        return name in self._nodes
+
     def take_changed(self) -> set[str] | None:
         """Nodes whose view (or existence) changed since the last call; None: assume all did.
 

@@ -14,6 +14,7 @@ gives its row back for reuse, so memory follows the node count.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
 from typing import Any, Final
@@ -23,6 +24,9 @@ import numpy.typing as npt
 
 from plugin.extender.ledger import NO_LEDGER, Ledger, NodeView
 from plugin.placement.fleet import NO_NUMA, Bools, Fleet, Ints, numa_key
+
+CHANGE_LOG: Final = 256
+"""Syncs remembered row by row; an answer older than that is computed afresh."""
 
 MAX_NUMA_COLUMNS: Final = 16
 """Distinct NUMA nodes across the cluster the vectorised path handles (real machines have
@@ -50,6 +54,10 @@ class NodeMatrix:
         self._primed = False
         self.version = 0
         """Changes whenever any row does: answers computed on the fleet are valid until then."""
+        self._epoch = 0
+        """The version since which the rows kept their number and width (answers computed
+        before it cannot be patched row by row)."""
+        self._log: deque[tuple[int, Ints]] = deque(maxlen=CHANGE_LOG)
 
     # ---------------------------------------------------------------- sync
     def sync(self) -> None:
@@ -60,14 +68,36 @@ class NodeMatrix:
             self._primed = True
         if not changed:
             return
-        known = set(self._ledger.node_names())
+        shape = (self._rows, self._free.shape[1], len(self._numa_keys))
+        rows: set[int] = set()
         for name in changed:
-            if name in known:
+            row = self._row.get(name)
+            if self._ledger.has_node(name):
                 self._write(name, self._ledger.view(name))
+                row = self._row[name]
             else:
                 self._release(name)
+            if row is not None:
+                rows.add(row)
         self.version += 1
         self._fleet = None
+        if shape != (self._rows, self._free.shape[1], len(self._numa_keys)):
+            self._epoch = self.version
+            self._log.clear()
+        else:
+            self._log.append((self.version, np.fromiter(rows, dtype=np.int64, count=len(rows))))
+
+    def changed_since(self, version: int) -> Ints | None:
+        """Rows rewritten after ``version``; None when that cannot be told (rows were
+        added, the width or the NUMA nodes changed, or the log no longer reaches back)."""
+        if version < self._epoch or version > self.version:
+            return None
+        if version == self.version:
+            return np.zeros(0, dtype=np.int64)
+        if not self._log or self._log[0][0] > version + 1:
+            return None
+        parts = [rows for logged, rows in self._log if logged > version]
+        return np.unique(np.concatenate(parts))
 
     def fleet(self) -> Fleet | None:
         """Every row as a Fleet (after :meth:`sync`); None past :data:`MAX_NUMA_COLUMNS`."""

@@ -14,7 +14,8 @@ from typing import Any, cast
 
 from plugin.api.config import AllocationPolicy
 from plugin.api.scheduling import ANNOTATION_PLACEMENT_POLICY, PLACEMENT_POLICIES
-from plugin.placement.pod import ContainerKind, ContainerRequest
+from plugin.placement.pod import ContainerRequest
+from plugin.placement.refusals import ContainerKind
 
 
 class PodSpecError(ValueError):

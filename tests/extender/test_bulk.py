@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugin.extender.bulk import BulkDecisions, sole_gpu_container
+from plugin.extender.bulk import BulkDecisions, distinct_rows
 from plugin.extender.ledger import NO_LEDGER
 from plugin.extender.matrix import MAX_NUMA_COLUMNS, NodeMatrix
 from plugin.extender.protocol import parse_args
@@ -56,11 +57,28 @@ operations = st.one_of(
 
 def ask_pod(units: int, policy: str, *, extra: bool, uid: str) -> dict[str, Any]:
     """One container asks; with ``extra``, an init container and a second app container
-    that ask for nothing (the pod is still one-container for placement)."""
+    that ask for nothing."""
     return pod(
         units,
         *([0] if extra else []),
         init=[0] if extra else [],
+        uid=uid,
+        name="train",
+        annotations={"metagpu.io/placement-policy": policy},
+    )
+
+
+@st.composite
+def asks(draw: st.DrawFn, uid: str) -> dict[str, Any]:
+    """Mostly one container; often init containers (reused), sidecars, several apps."""
+    policy = draw(st.sampled_from(["binpack", "spread"]))
+    if draw(st.booleans()):
+        return ask_pod(draw(st.integers(1, 320)), policy, extra=draw(st.booleans()), uid=uid)
+    sizes = st.one_of(st.integers(0, 250), st.sampled_from([0, 10, 100, 200]))
+    return pod(
+        *draw(st.lists(sizes, min_size=1, max_size=3)),
+        init=draw(st.lists(sizes, max_size=2)),
+        sidecars=draw(st.lists(sizes, max_size=1)),
         uid=uid,
         name="train",
         annotations={"metagpu.io/placement-policy": policy},
@@ -82,6 +100,8 @@ def test_bulk_answers_equal_node_by_node(data: st.DataObject) -> None:
     plain = ExtenderCore(resource=RESOURCE, bulk=False)
     assert bulk.bulk is not None
     assert plain.bulk is None
+    # a handful of nodes is placed row by row unless told otherwise: arrays both ways
+    bulk.bulk.node_by_node_below = data.draw(st.sampled_from([0, 8]))
 
     def report(name: str) -> None:
         text = data.draw(node_texts(name))
@@ -111,10 +131,16 @@ def test_bulk_answers_equal_node_by_node(data: st.DataObject) -> None:
         else:
             for core in (bulk, plain):
                 core.ledger.drop_node(name)
-        units = data.draw(st.integers(1, 320))
-        policy = data.draw(st.sampled_from(["binpack", "spread"]))
-        extra = data.draw(st.booleans())
-        same_answers(bulk, plain, ask_pod(units, policy, extra=extra, uid=f"q{step}"), asked)
+        same_answers(bulk, plain, data.draw(asks(f"q{step}")), asked)
+        # the same pods again after every change: kept answers, patched row by row
+        spread = {"metagpu.io/placement-policy": "spread"}
+        for repeated in (
+            pod(50, uid="r1"),
+            pod(80, init=[30], uid="r2"),
+            pod(150, uid="r3"),
+            pod(60, uid="r4", annotations=spread),
+        ):
+            same_answers(bulk, plain, repeated, asked)
 
 
 def test_the_issue_example_is_refused_in_the_same_words() -> None:
@@ -135,19 +161,22 @@ def test_the_issue_example_is_refused_in_the_same_words() -> None:
     ]
 
 
-def test_pods_with_gpus_in_several_containers_go_node_by_node() -> None:
+def test_a_pod_whose_init_container_is_reused_is_decided_in_bulk_too() -> None:
     core = ExtenderCore(resource=RESOURCE)
+    core.ledger.set_node("a", ledger([20, 0], node="a").model_dump_json())
+    core.ledger.set_node("b", ledger([65, 0], node="b").model_dump_json())
     assert core.bulk is not None
-    several = core.ask_of(pod(30, 20))
-    reused = core.ask_of(pod(30, init=[10]))
-    one = core.ask_of(pod(30, 0, init=[0]))
-    assert sole_gpu_container(several) is None
-    assert sole_gpu_container(reused) is None
-    assert core.bulk.filter(several, ["a"]) is None
-    assert core.bulk.prioritize(reused, ["a"]) is None
-    found = sole_gpu_container(one)
-    assert found is not None
-    assert found.units == 30
+    the_pod = pod(80, init=[30], name="train")
+    ask = core.ask_of(the_pod)
+    # a: the init container's 30 land on GPU 0 (80 free), the app's other 50 fit there too;
+    # b: on GPU 0 (35 free) there is no room for 50 more
+    outcome = core.bulk.filter(ask, ["a", "b"])
+    assert outcome is not None
+    assert outcome.passed == ("a",)
+    assert outcome.failed == {
+        "b": 'container "c0": the GPU holding its 30 reused units has no room for 50 more '
+        "(largest free 100; 105 free in total)"
+    }
 
 
 def test_too_many_numa_nodes_go_node_by_node() -> None:
@@ -222,3 +251,48 @@ def test_the_fraction_beside_whole_gpus_prefers_their_numa_node() -> None:
         core.ledger.set_node("a", state)
         answers.append(core.prioritize(args))
     assert answers[0] == answers[1] == [{"Host": "a", "Score": 9}]
+
+
+def test_answers_are_kept_by_kind_as_well_as_size() -> None:
+    """30 + 50 units as an init container and an app (the 30 reused: 50 in all) is not
+    30 + 50 as two apps (80 in all): the kept answer of one must not serve the other."""
+    core = ExtenderCore(resource=RESOURCE)
+    core.ledger.set_node("a", ledger([40], node="a").model_dump_json())
+    reused = parse_args({"Pod": pod(50, init=[30], uid="u1"), "NodeNames": ["a"]})
+    both = parse_args({"Pod": pod(30, 50, uid="u2"), "NodeNames": ["a"]})
+    assert core.filter(reused)["NodeNames"] == ["a"]
+    assert core.filter(both)["NodeNames"] == []
+
+
+def test_a_kept_answer_is_patched_only_where_nodes_changed() -> None:
+    core = ExtenderCore(resource=RESOURCE)
+    for i in range(8):
+        core.ledger.set_node(f"n{i}", ledger([20, 90], node=f"n{i}").model_dump_json())
+    core.warm()
+    assert core.bulk is not None
+    matrix = core.bulk.matrix
+    args = parse_args({"Pod": pod(70), "NodeNames": [f"n{i}" for i in range(8)]})
+    assert len(core.filter(args)["NodeNames"] or []) == 8
+    version = matrix.version
+    core.ledger.set_node("n3", ledger([50, 50], node="n3").model_dump_json())
+    result = core.filter(args)
+    changed = matrix.changed_since(version)
+    assert changed is not None
+    assert changed.tolist() == [matrix.rows_of(["n3"])[0]]
+    assert result["FailedNodes"] == {
+        "n3": "no single GPU has 70 free units (largest 50; 100 free in total)"
+    }
+    # a new node changes the number of rows: nothing before can be patched
+    core.ledger.set_node("n8", ledger([0], node="n8").model_dump_json())
+    matrix.sync()
+    assert matrix.changed_since(version) is None
+    assert core.filter(args)["FailedNodes"] == result["FailedNodes"]
+
+
+@given(st.lists(st.lists(st.integers(0, 3), min_size=6, max_size=6), max_size=40))
+def test_distinct_rows_equal_numpys_unique(rows: list[list[int]]) -> None:
+    keys = np.array(rows, dtype=np.int64).reshape(-1, 6)
+    distinct, inverse = distinct_rows(keys)
+    assert sorted(map(tuple, distinct.tolist())) == sorted({tuple(r) for r in rows})
+    assert len(distinct) == len({tuple(r) for r in rows})
+    assert [distinct[i].tolist() for i in inverse.tolist()] == rows
