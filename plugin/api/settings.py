@@ -250,6 +250,15 @@ def _submodel(annotation: object) -> type[BaseModel] | None:
     return None
 
 
+def _is_text(annotation: object) -> bool:
+    """``str`` or ``Path`` (or either, or None): a setting whose value is the string itself."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(args) and all(_is_text(a) for a in args)
+    return annotation in (str, Path)
+
+
 def _is_sequence(annotation: object) -> bool:
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -310,6 +319,10 @@ def _parse_env_value(raw: str, annotation: object, var: str) -> object:
     Scalars are left as strings for pydantic to coerce (``"100"`` to 100).
     """
     stripped = raw.strip()
+    if _is_text(annotation):
+        # A plain string setting is taken as written: "[::1]:8443" is an IPv6 listen
+        # address, not a YAML list.
+        return raw
     if stripped.startswith(("[", "{")):
         try:
             return yaml.safe_load(stripped)

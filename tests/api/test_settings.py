@@ -72,6 +72,14 @@ def test_env_lists_accept_commas_and_yaml_flow() -> None:
     assert [i.key for i in cfg.items] == ["a", "b"]
 
 
+def test_env_strings_are_taken_as_written() -> None:
+    """An IPv6 listen address starts with "[" like a YAML list; a string setting keeps it."""
+    cfg = load_config(Sample, env={"T_LISTEN": "[::1]:8443"}, env_prefix=PREFIX)
+    assert cfg.listen == "[::1]:8443"
+    cfg = load_config(Sample, env={"T_TLS__CERT_FILE": "[odd].pem"}, env_prefix=PREFIX)
+    assert cfg.tls.cert_file == Path("[odd].pem")
+
+
 def test_unknown_prefixed_env_vars_are_ignored() -> None:
     # Kubernetes service links: a Service named "t" would inject T_SERVICE_HOST, T_PORT...
     cfg = load_config(
