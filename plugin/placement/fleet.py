@@ -231,13 +231,20 @@ def place_pod_on_fleet(
         if c.kind == "init":
             reusable = mine.copy() if reusable is None else reusable + mine
     taken[~alive] = 0
-    used_gpus = taken > 0
+    return _with_taken(fleet, outcome, refused_container, numbers, taken)
+
+
+def _with_taken(
+    fleet: Fleet, outcome: Ints, container: Ints, numbers: Ints, taken: Ints
+) -> FleetPlacement:
+    """An answer from the units taken per GPU (0 on rows refused)."""
+    used = taken > 0
     return FleetPlacement(
         outcome,
-        refused_container,
+        container,
         numbers,
-        gpus_used=used_gpus.sum(axis=1),
-        left_on_used=np.where(used_gpus, fleet.free - taken, 0).sum(axis=1),
+        gpus_used=used.sum(axis=1),
+        left_on_used=np.where(used, fleet.free - taken, 0).sum(axis=1),
         units_taken=taken.sum(axis=1),
         taken=taken,
     )
@@ -274,16 +281,7 @@ def _row_by_row(
             continue
         for gpu, units in placed.taken.items():
             taken[row, int(gpu)] = units
-    used = taken > 0
-    return FleetPlacement(
-        outcome,
-        container,
-        numbers,
-        gpus_used=used.sum(axis=1),
-        left_on_used=np.where(used, fleet.free - taken, 0).sum(axis=1),
-        units_taken=taken.sum(axis=1),
-        taken=taken,
-    )
+    return _with_taken(fleet, outcome, container, numbers, taken)
 
 
 def _one_container(
