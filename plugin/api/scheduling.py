@@ -26,6 +26,7 @@ from typing import Final, Literal
 
 from pydantic import Field
 
+from plugin.api.resources import MAX_UNITS_PER_GPU
 from plugin.api.settings import StrictModel
 
 ANNOTATION_GPU_LEDGER: Final = "metagpu.io/gpu-ledger"
@@ -42,6 +43,16 @@ ANNOTATION_PLACEMENT_POLICY: Final = "metagpu.io/placement-policy"
 for that pod (the pod's own annotation wins), the way ``metagpu.io/compute-policy`` works."""
 
 PLACEMENT_POLICIES: Final = ("binpack", "spread")
+
+MAX_LEDGER_GPUS: Final = 64
+"""GPUs one node ledger may list (real nodes have 1-16). The extender keeps every
+node as a row as wide as the widest node, and a node's units (at most
+``MAX_UNITS_PER_GPU`` per GPU) must stay below 2**20 in its arrays: a larger ledger
+is refused as unreadable for that node alone, never for every pod."""
+
+MAX_NUMA_NODE: Final = 65535
+"""Largest NUMA node ID a ledger may carry (Linux numbers them from 0; "unknown" is
+no value, not -1)."""
 
 
 class GpuHolder(StrictModel):
@@ -60,9 +71,9 @@ class GpuLedgerEntry(StrictModel):
     uuid: str = Field(min_length=1)
     """The GPU's ID as the device plugin advertises it (``DeviceId``: UUID by default)."""
     index: int = Field(ge=0)
-    units: int = Field(ge=1)
+    units: int = Field(ge=1, le=MAX_UNITS_PER_GPU)
     """Meta-devices of this GPU (``units_per_gpu``)."""
-    numa: int | None = None
+    numa: int | None = Field(default=None, ge=0, le=MAX_NUMA_NODE)
     """The GPU's NUMA node when the plugin advertises topology (optional, added for the
     extender: :func:`~plugin.placement.units.place_units` prefers GPUs on one NUMA node,
     so the extender needs it to choose the GPU the plugin would choose)."""
@@ -82,8 +93,8 @@ class NodeLedger(StrictModel):
     version: Literal["v1"] = "v1"
     resource: str
     """The resource these GPUs serve (``cnvrg.io/metagpu``)."""
-    units_per_gpu: int = Field(ge=1)
-    gpus: tuple[GpuLedgerEntry, ...] = ()
+    units_per_gpu: int = Field(ge=1, le=MAX_UNITS_PER_GPU)
+    gpus: tuple[GpuLedgerEntry, ...] = Field(default=(), max_length=MAX_LEDGER_GPUS)
     observed_at: str = ""
     """RFC 3339 time of the PodResources reading this ledger was built from."""
 

@@ -296,3 +296,22 @@ def test_distinct_rows_equal_numpys_unique(rows: list[list[int]]) -> None:
     assert sorted(map(tuple, distinct.tolist())) == sorted({tuple(r) for r in rows})
     assert len(distinct) == len({tuple(r) for r in rows})
     assert [distinct[i].tolist() for i in inverse.tolist()] == rows
+
+
+def test_an_oversized_or_odd_ledger_refuses_that_node_only() -> None:
+    """A node annotation no agent writes (a million units per GPU, a negative NUMA node)
+    is that node's unreadable ledger; every other node is still answered."""
+    core = ExtenderCore(resource=RESOURCE)
+    core.ledger.set_node("ok", ledger([0], node="ok").model_dump_json())
+    huge = (
+        ledger([0], node="huge")
+        .model_dump_json()
+        .replace('"units_per_gpu":100', '"units_per_gpu":1000000')
+    )
+    odd = ledger([0], numa=[0], node="odd").model_dump_json().replace('"numa":0', '"numa":-1')
+    core.ledger.set_node("huge", huge)
+    core.ledger.set_node("odd", odd)
+    result = core.filter(parse_args({"Pod": pod(50), "NodeNames": ["ok", "huge", "odd"]}))
+    assert result["NodeNames"] == ["ok"]
+    assert set(result["FailedAndUnresolvableNodes"]) == {"huge", "odd"}
+    assert "cannot be read" in result["FailedAndUnresolvableNodes"]["huge"]
