@@ -32,7 +32,7 @@ def test_defaults_are_the_chart_contract() -> None:
             "enabled": True,
             "ignored_xids": [13, 31, 43, 45, 68, 109],
             "recovery_s": 300.0,
-            "event_timeout_s": 5.0,
+            "event_timeout_s": 1.0,
             "liveness_interval_s": 10.0,
             "check_volatile_ecc": True,
             "check_row_remap": True,

@@ -224,8 +224,9 @@ class _PodmanContainer:
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after Kubernetes' default grace period (30 s), then remove.
 
-        The device plugin takes about 5 s to exit after SIGTERM here (health.event_timeout_s is
-        5 s), so a shorter wait would end it by SIGKILL."""
+        The device plugin exits within its health round (health.event_timeout_s, 1 s) after
+        SIGTERM; the webhook drains for drainDelayS (5 s) first. A shorter wait than the
+        kubelet's would end them by SIGKILL."""
         self.runner.podman("stop", "--time", "30", self.name, check=False, timeout_s=60)
         removed = self.runner.podman("rm", "--force", self.name, check=False)
         if removed.returncode != 0 and "no such container" not in removed.stderr.lower():
