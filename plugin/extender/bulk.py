@@ -37,7 +37,7 @@ from plugin.placement.fleet import (
     Ints,
     place_pod_on_fleet,
 )
-from plugin.placement.refusals import ContainerKind
+from plugin.placement.refusals import ContainerKind, refusal_words
 
 ANSWERS_KEPT = 32
 """Answers kept (pod sizes and policies), each one row per node: bounded memory."""
@@ -89,7 +89,7 @@ class BulkDecisions:
         if refused.any():
             keys, inverse = distinct_rows(placed.refusal_keys(rows[refused]))
             words = np.array(
-                [placed.refusal(key, ask.containers) for key in keys.tolist()], dtype=object
+                [refusal_words(key, ask.containers) for key in keys.tolist()], dtype=object
             )
             failed = dict(
                 zip(compress(names, refused.tolist()), words[inverse].tolist(), strict=True)

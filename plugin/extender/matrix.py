@@ -1,4 +1,4 @@
-"""The ledger's node views as numpy rows, for placing one container on every node at once.
+"""The ledger's node views as numpy rows, for placing a pod on every node at once.
 
 :mod:`plugin.placement.fleet` decides for all nodes in a few array passes;
 this keeps the arrays it reads (a :class:`~plugin.placement.fleet.Fleet`) equal
@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from plugin.extender.ledger import NO_LEDGER, Ledger, NodeView
-from plugin.placement.fleet import NO_NUMA, Bools, Fleet, Ints, numa_key
+from plugin.placement.fleet import NO_NUMA, Bools, Fleet, Ints, gpu_row
 
 CHANGE_LOG: Final = 256
 """Syncs remembered row by row; an answer older than that is computed afresh."""
@@ -148,16 +148,15 @@ class NodeMatrix:
         width = len(view.gpus)
         if width > self._free.shape[1]:
             self._grow_width(width)
-        keys = [numa_key(g.numa) for g in view.gpus]
+        free, keys, healthy = gpu_row(view.gpus)
         if any(key not in self._numa_keys for key in keys):
             self._numa_keys = sorted(set(self._numa_keys) | set(keys))
             self._recode()
         self._clear(row)
-        self._free[row, :width] = [g.free if g.healthy else 0 for g in view.gpus]
+        self._free[row, :width] = free
         self._numa_raw[row, :width] = keys
         self._numa[row] = np.searchsorted(self._numa_keys, self._numa_raw[row])
         self._upg[row] = view.units_per_gpu
-        healthy = sum(1 for g in view.gpus if g.healthy)
         self._healthy[row] = healthy
         self._unhealthy[row] = width - healthy
         self._usable[row] = True

@@ -57,7 +57,7 @@ class ExtenderCore:
         self.ledger = ledger if ledger is not None else Ledger(resource=resource)
         self.memo = PlacementMemo()
         self.bulk: BulkDecisions | None = BulkDecisions(NodeMatrix(self.ledger)) if bulk else None
-        """The vectorised path for one-container pods; None places node by node (tests
+        """Filter and prioritize on every node at once; None places node by node (tests
         compare the two)."""
         self.namespace_annotations: dict[str, Mapping[str, str]] = {}
         """Namespace name → its annotations (only namespaces that have any)."""

@@ -37,7 +37,6 @@ from plugin.placement.refusals import (
     REUSE,
     SHORT,
     WHOLE,
-    refusal_words,
 )
 
 Ints = npt.NDArray[np.int64]
@@ -133,18 +132,11 @@ class FleetPlacement:
         """One line per row of ``rows``, equal exactly when the refusals' words are.
 
         Refusals repeat (many nodes lack the same thing), so a caller formats one
-        text per distinct line (:meth:`refusal`) instead of one per node.
+        text per distinct line (:func:`~plugin.placement.refusals.refusal_words`, with
+        the pod's own containers) instead of one per node.
         """
         keys: Ints = np.column_stack((self.outcome[rows], self.container[rows], self.numbers[rows]))
         return keys
-
-    def refusal(self, key: Sequence[int], containers: Sequence[ContainerRequest]) -> str:
-        """The words place_pod gives for the refusal behind ``key`` (:meth:`refusal_keys`).
-
-        ``containers`` are the pod's, as placed (names may differ from the pod
-        the answer was computed for: only the sizes decide).
-        """
-        return refusal_words(key, containers)
 
 
 NODE_BY_NODE_BELOW: Final = 8
@@ -559,26 +551,37 @@ def numa_key(numa: int | None) -> int:
     return NO_NUMA if numa is None else numa
 
 
+def gpu_row(gpus: Sequence[GpuState]) -> tuple[list[int], list[int], int]:
+    """One node's row: free units (0 for an unhealthy GPU, which offers nothing, as in
+    place_pod), NUMA keys (:func:`numa_key`) and the number of healthy GPUs.
+
+    The one conversion from GPUs to a row, for :func:`fleet_of` and the extender's
+    rows (:mod:`plugin.extender.matrix`)."""
+    free = [g.free if g.healthy else 0 for g in gpus]
+    return free, [numa_key(g.numa) for g in gpus], sum(1 for g in gpus if g.healthy)
+
+
 def fleet_of(nodes: Sequence[tuple[int, Sequence[GpuState]]]) -> Fleet:
-    """A :class:`Fleet` from ``(units_per_gpu, GPUs)`` per node, in plain Python.
+    """A :class:`Fleet` from ``(units_per_gpu, GPUs)`` per node, built in one go.
 
     For tests and small callers; the extender keeps its arrays up to date row by
-    row instead (:mod:`plugin.extender.matrix`), with the same numbers.
+    row instead (:mod:`plugin.extender.matrix`), from the same :func:`gpu_row`.
     """
     width = max((len(gpus) for _, gpus in nodes), default=0)
-    keys = sorted({numa_key(g.numa) for _, gpus in nodes for g in gpus} | {NO_NUMA})
+    rows = [gpu_row(gpus) for _, gpus in nodes]
+    keys = sorted({key for _, numa, _ in rows for key in numa} | {NO_NUMA})
     column = {key: pos for pos, key in enumerate(keys)}
     free = np.zeros((len(nodes), width), dtype=np.int64)
     numa = np.full((len(nodes), width), column[NO_NUMA], dtype=np.int64)
-    for row, (_, gpus) in enumerate(nodes):
-        for pos, g in enumerate(gpus):
-            free[row, pos] = g.free if g.healthy else 0
-            numa[row, pos] = column[numa_key(g.numa)]
+    for row, (row_free, row_numa, _) in enumerate(rows):
+        free[row, : len(row_free)] = row_free
+        numa[row, : len(row_numa)] = [column[key] for key in row_numa]
+    healthy = np.array([count for _, _, count in rows], dtype=np.int64)
     return Fleet(
         free=free,
         numa=numa,
         units_per_gpu=np.array([upg for upg, _ in nodes], dtype=np.int64),
-        unhealthy=np.array([sum(not g.healthy for g in gpus) for _, gpus in nodes], np.int64),
-        healthy=np.array([sum(g.healthy for g in gpus) for _, gpus in nodes], np.int64),
+        unhealthy=np.array([len(gpus) for _, gpus in nodes], dtype=np.int64) - healthy,
+        healthy=healthy,
         numa_columns=len(keys),
     )

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from plugin.api.config import AllocationPolicy
 from plugin.placement.fleet import Fleet, FleetPlacement, fleet_of, place_pod_on_fleet
 from plugin.placement.pod import ContainerRequest, GpuState, place_pod
-from plugin.placement.refusals import ContainerKind
+from plugin.placement.refusals import ContainerKind, refusal_words
 
 
 @st.composite
@@ -75,7 +75,7 @@ def check(
         assert bool(placed.fits[row]) == expected.fits, (row, gpus, expected.refusal)
         if not expected.fits:
             assert tuple(keys[row].tolist()) == expected.refusal_key
-            assert placed.refusal(keys[row].tolist(), containers) == expected.refusal
+            assert refusal_words(keys[row].tolist(), containers) == expected.refusal
             continue
         by_position = {int(gpu.split("-")[1]): n for gpu, n in expected.taken.items()}
         used = {pos: n for pos, n in by_position.items() if n}
@@ -153,7 +153,7 @@ def test_known_cases(
 def test_the_issue_example_has_place_pods_words() -> None:
     placed = check([(100, gpus(40, 40))], app(70), "binpack")
     key = placed.refusal_keys(np.arange(1))[0].tolist()
-    assert placed.refusal(key, app(70)) == (
+    assert refusal_words(key, app(70)) == (
         "no single GPU has 70 free units (largest 40; 80 free in total)"
     )
 
@@ -163,7 +163,7 @@ def test_names_come_from_the_pod_asking() -> None:
     placed = check([(100, gpus(20))], app(50), "binpack")
     key = placed.refusal_keys(np.arange(1))[0].tolist()
     other = [ContainerRequest("serve", "app", 50)]
-    assert placed.refusal(key, other) == (
+    assert refusal_words(key, other) == (
         'container "serve" needs 50 units, 20 free on healthy GPUs'
     )
 
