@@ -15,20 +15,17 @@ API: the umbrella ``metagpu`` (:mod:`metagpu.agent`) hands it
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import os
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from plugin.api.agent_config import MEMORY_ENFORCEMENT_MODES
 from plugin.api.commands import (
-    EXIT_OK,
     Command,
     add_config_file_argument,
     add_print_config_argument,
     print_config,
+    serve_until_signal,
     version,
 )
 from plugin.api.config import CONFIG_FILE_ENV, ENV_PREFIX, PluginConfig
@@ -149,24 +146,9 @@ def run(args: argparse.Namespace, *, open_api: ApiOpener) -> int:
 
     from plugin.agent.agent import serve  # noqa: PLC0415 - heavy: aiohttp, grpc, kubernetes
 
-    # Everything imported so far (kubernetes-asyncio alone is thousands of classes)
-    # lives as long as the process. Freezing it keeps the collector's full passes
-    # from walking it again and again: they otherwise add 50-100 ms pauses to
-    # cycles that take a few ms (tests/benchmarks/agent_cycle.py).
-    gc.collect()
-    gc.freeze()
-
-    async def main() -> int:
-        # Signals are handled here, at the top, and nowhere else: they set the
-        # stop event and the runtime shuts down in order (sockets removed).
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop=stop, open_api=open_api, version=version())
-        return EXIT_OK
-
-    return asyncio.run(main())
+    return serve_until_signal(
+        lambda stop: serve(config, stop=stop, open_api=open_api, version=version())
+    )
 
 
 def agent_command(*, open_api: ApiOpener) -> Command:

@@ -10,19 +10,16 @@ umbrella ``metagpu`` (:mod:`metagpu.scheduler_extender`) hands it
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import os
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from plugin.api.commands import (
-    EXIT_OK,
     Command,
     add_config_file_argument,
     add_print_config_argument,
     print_config,
+    serve_until_signal,
 )
 from plugin.api.settings import load_config
 from plugin.extender.opener import ApiOpener
@@ -81,18 +78,7 @@ def run(args: argparse.Namespace, *, open_api: ApiOpener) -> int:
         return print_config(config)
     from plugin.extender.runtime import serve  # noqa: PLC0415 - aiohttp, kubernetes-asyncio
 
-    gc.collect()
-    gc.freeze()
-
-    async def main() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(config, open_api=open_api, stop=stop)
-        return EXIT_OK
-
-    return asyncio.run(main())
+    return serve_until_signal(lambda stop: serve(config, open_api=open_api, stop=stop))
 
 
 def extender_command(*, open_api: ApiOpener) -> Command:
