@@ -24,6 +24,7 @@ from plugin.api.commands import (
     Command,
     add_config_file_argument,
     add_print_config_argument,
+    add_switch,
     print_config,
     serve_until_signal,
     version,
@@ -93,16 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long an overrun must last before 'kill' acts (default 30)",
     )
     parser.add_argument("--proc-root", type=Path, metavar="DIR", help="procfs (default /proc)")
-    parser.add_argument(
-        "--label-node",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="keep the metagpu.io/* Node labels current (default on)",
+    add_switch(
+        parser, "--label-node", help="keep the metagpu.io/* Node labels current (default on)"
     )
-    parser.add_argument(
+    add_switch(
+        parser,
         "--install-mgctl",
-        action=argparse.BooleanOptionalAction,
-        default=None,
         help="copy mgctl into the socket directory at start-up (default on)",
     )
     add_print_config_argument(parser)

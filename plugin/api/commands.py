@@ -71,6 +71,12 @@ def add_config_file_argument(
     )
 
 
+def add_switch(parser: argparse.ArgumentParser, flag: str, *, help: str) -> None:
+    """``--flag`` / ``--no-flag``; left out, it is None, so env, file or default decide
+    (:func:`plugin.api.settings.load_config` skips None flags)."""
+    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help)
+
+
 def add_print_config_argument(parser: argparse.ArgumentParser) -> None:
     """``--print-config``: show the effective configuration (after flags > env > file)."""
     parser.add_argument(

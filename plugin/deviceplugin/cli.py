@@ -19,6 +19,7 @@ from plugin.api.commands import (
     Command,
     add_config_file_argument,
     add_print_config_argument,
+    add_switch,
     print_config,
 )
 from plugin.api.config import (
@@ -67,32 +68,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--units-per-gpu", type=int, metavar="N", help="meta-devices per GPU")
     parser.add_argument("--allocation-policy", choices=get_args(AllocationPolicy))
-    parser.add_argument(
+    add_switch(
+        parser,
         "--allow-split-fraction",
-        action=argparse.BooleanOptionalAction,
-        default=None,
         help="a fraction split across GPUs is expected rather than a warning",
     )
     parser.add_argument("--device-id-strategy", choices=get_args(DeviceIdStrategy))
     parser.add_argument("--device-list-strategy", choices=get_args(DeviceListStrategy))
-    parser.add_argument(
+    add_switch(
+        parser,
         "--fail-on-init-error",
-        action=argparse.BooleanOptionalAction,
-        default=None,
         help="exit when the GPU driver fails to initialise (else advertise nothing and wait)",
     )
-    parser.add_argument(
-        "--health-checks",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="watch NVML for XID/ECC errors (health.enabled)",
-    )
-    parser.add_argument(
-        "--mps",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="hand containers CUDA MPS settings (mps.enabled)",
-    )
+    add_switch(parser, "--health-checks", help="watch NVML for XID/ECC errors (health.enabled)")
+    add_switch(parser, "--mps", help="hand containers CUDA MPS settings (mps.enabled)")
     add_print_config_argument(parser)
 
 
