@@ -257,7 +257,7 @@ def _bounded(value: int) -> int:
 def fleet_scores(placed: FleetPlacement, fleet: Fleet, policy: AllocationPolicy) -> Ints:
     """:func:`score` for a pod on every row of a fleet, in the same integer steps."""
     if policy == "spread":
-        numerator = MAX_EXTENDER_PRIORITY * (fleet.free.sum(axis=1) - placed.units_taken)
+        numerator = MAX_EXTENDER_PRIORITY * (np.einsum("ij->i", fleet.free) - placed.units_taken)
         denominator = fleet.units_per_gpu * fleet.healthy
     else:
         denominator = fleet.units_per_gpu * placed.gpus_used
@@ -265,7 +265,7 @@ def fleet_scores(placed: FleetPlacement, fleet: Fleet, policy: AllocationPolicy)
     safe = np.maximum(denominator, 1)
     quotient, rest = np.divmod(numerator, safe)
     quotient += (2 * rest > safe) | ((2 * rest == safe) & (quotient % 2 == 1))
-    scores = np.clip(quotient, 0, MAX_EXTENDER_PRIORITY)
+    scores = np.minimum(np.maximum(quotient, 0), MAX_EXTENDER_PRIORITY)
     counted: Ints = np.where(placed.fits & (denominator > 0) & (placed.gpus_used > 0), scores, 0)
     return counted
 

@@ -161,8 +161,20 @@ def place_pod_on_fleet(
     asking = [index for index, c in enumerate(containers) if c.units > 0]
     if len(asking) == 1:
         return _one_container(fleet, asking[0], containers[asking[0]].units, policy)
+    return _replay(fleet, containers, policy)
+
+
+def _replay(
+    fleet: Fleet, containers: Sequence[ContainerRequest], policy: AllocationPolicy
+) -> FleetPlacement:
+    """place_pod's loop over the containers, every row at once.
+
+    A row is dropped from the work that matters (``alive``) at its first
+    refusal; its later figures are computed but never read.
+    """
     rows = fleet.free.shape[0]
     upg = fleet.units_per_gpu[:, None]
+    cell = _cells(fleet)
     free = fleet.free.copy()
     reusable: Ints | None = None  # None until an init container holds units
     taken = np.zeros_like(free)
@@ -172,14 +184,13 @@ def place_pod_on_fleet(
     alive = np.ones(rows, dtype=np.bool_)
 
     def refuse(mask: Bools, kind: int, index: int, *values: Ints | int) -> None:
-        nonlocal alive
-        hit = mask & alive
-        if hit.any():
+        hit = np.flatnonzero(mask & alive)
+        if hit.size:
             outcome[hit] = kind
             refused_container[hit] = index
             for column, value in enumerate(values):
                 numbers[hit, column] = value[hit] if isinstance(value, np.ndarray) else value
-            alive = alive & ~hit
+            alive[hit] = False
 
     for index, c in enumerate(containers):
         if c.units <= 0:
@@ -188,8 +199,8 @@ def place_pod_on_fleet(
         held: Ints | None = None
         need = np.full(rows, units, dtype=np.int64)
         if reusable is not None:
-            reuse_total = reusable.sum(axis=1)
-            reuse_gpus = (reusable > 0).sum(axis=1)
+            reuse_total = _row_sum(reusable)
+            reuse_gpus = _row_count(reusable > 0)
             refuse(
                 (units < reuse_total) & (reuse_gpus > 1),
                 REUSE,
@@ -199,25 +210,30 @@ def place_pod_on_fleet(
                 reuse_gpus,
             )
             # Reusable units are taken in GPU order, as many as the container asks.
-            held = np.clip(units - (np.cumsum(reusable, axis=1) - reusable), 0, reusable)
-            need = need - held.sum(axis=1)
-        total = free.sum(axis=1)
+            before = np.cumsum(reusable, axis=1) - reusable
+            held = np.minimum(reusable, np.maximum(units - before, 0))
+            need = need - _row_sum(held)
+            if not held.any():
+                held = None  # nothing reused on any row: the cheaper path, same answer
+        total = _row_sum(free)
         refuse(need > total, SHORT, index, need, total, fleet.unhealthy)
-        take = _place_units(fleet, free, held, size=units, need_now=need, policy=policy)
+        take, spread = _place_units(
+            fleet, cell, free, held, size=units, need_now=need, policy=policy
+        )
         mine = take if held is None else held + take
-        split = ((mine > 0) & (mine < upg)).sum(axis=1) > 1
+        split = (_row_count((mine > 0) & (mine < upg)) > 1) | spread
         if (split & alive).any():
             whole, remainder = units // fleet.units_per_gpu, units % fleet.units_per_gpu
-            largest = free.max(axis=1, initial=0)
-            completely = (free == upg).sum(axis=1)
-            held_total = held.sum(axis=1) if held is not None else np.zeros_like(total)
+            largest = _row_max(free)
+            completely = _row_count(free == upg)
+            held_total = _row_sum(held) if held is not None else np.zeros_like(total)
             short_whole = split & (whole > 0) & (completely < whole)
             refuse(short_whole, WHOLE, index, whole, completely, total)
             refuse(split & (held_total > 0), HELD, index, held_total, need, largest, total)
             single = np.where(remainder > 0, remainder, need)
             refuse(split, NO_SINGLE_GPU, index, single, largest, total)
-        free = free - take
-        taken = taken + take
+        free -= take
+        taken += take
         if held is not None and reusable is not None:
             reusable = reusable - held
         if c.kind == "init":
@@ -235,9 +251,9 @@ def _with_taken(
         outcome,
         container,
         numbers,
-        gpus_used=used.sum(axis=1),
-        left_on_used=np.where(used, fleet.free - taken, 0).sum(axis=1),
-        units_taken=taken.sum(axis=1),
+        gpus_used=_row_count(used),
+        left_on_used=_row_sum(np.where(used, fleet.free - taken, 0)),
+        units_taken=_row_sum(taken),
         taken=taken,
     )
 
@@ -292,11 +308,11 @@ def _one_container(
     upg = fleet.units_per_gpu
     whole = units // upg
     remainder = units % upg
-    total = free.sum(axis=1)
-    largest = free.max(axis=1, initial=0)
-    completely = (free == upg[:, None]).sum(axis=1)
+    total = _row_sum(free)
+    largest = _row_max(free)
+    completely = _row_count(free == upg[:, None])
     partial_fit = (free < upg[:, None]) & (free >= remainder[:, None]) & (remainder[:, None] > 0)
-    remainder_ok = (remainder == 0) | partial_fit.any(axis=1) | (completely > whole)
+    remainder_ok = (remainder == 0) | (_row_count(partial_fit) > 0) | (completely > whole)
     short = units > total
     short_whole = ~short & (completely < whole)
     no_single = ~short & ~short_whole & ~remainder_ok
@@ -382,72 +398,81 @@ def _beside_whole(
 
 def _place_units(
     fleet: Fleet,
+    cell: Ints,
     free_now: Ints,
     held: Ints | None,
     *,
     size: int,
     need_now: Ints,
     policy: AllocationPolicy,
-) -> Ints:
+) -> tuple[Ints, Bools]:
     """:func:`plugin.placement.units.place_units` on every row: units taken from each GPU.
 
-    ``held`` None: nothing reused (the common case, and the cheaper one).
+    Also the rows whose remainder no single GPU can hold. place_units would
+    split it over several GPUs (its step 3), and such a split always leaves
+    more than one GPU partly used (step 3 only runs when every GPU left has
+    less free than the remainder, which is below a GPU), so place_pod refuses
+    the row: its units are not worked out here. ``held`` None: nothing reused
+    (the common case, and the cheaper one).
     """
     rows, width = free_now.shape
     take = np.zeros_like(free_now)
+    spread = np.zeros(rows, dtype=np.bool_)
     if width == 0:
-        return take
+        return take, spread
     upg = fleet.units_per_gpu
-    numa = fleet.numa
-    columns = np.arange(fleet.numa_columns)
+    numa_columns = fleet.numa_columns
+    columns = np.arange(numa_columns)
     positions = np.arange(width)
-    free = free_now.copy()
-    need = need_now.copy()
-    touched: Bools = held > 0 if held is not None else np.zeros(free.shape, dtype=np.bool_)
-    # (row, NUMA node) as one index, to count and mark per NUMA node with bincount
-    # instead of (rows, GPUs, NUMA nodes) arrays
-    cell = np.arange(rows)[:, None] * fleet.numa_columns + numa
+    free = free_now
+    need = need_now
+    touched: Bools | None = held > 0 if held is not None else None
     used: Bools | None = None  # (rows, NUMA nodes) already used; None: none anywhere
-    if held is not None and touched.any():
-        used = _per_numa(cell[touched], rows, fleet.numa_columns) > 0
+    if touched is not None:
+        used = _per_numa(cell[touched], rows, numa_columns) > 0
     wanted = np.where(need > 0, size // upg, 0)
 
     # 1. Whole GPUs from completely free GPUs, in _order_whole's order.
     if wanted.any():
         if used is None:
-            used = np.zeros((rows, fleet.numa_columns), dtype=np.bool_)
+            used = np.zeros((rows, numa_columns), dtype=np.bool_)
         base = free if held is None else free + held
         candidate = base == upg[:, None]
-        size_of = _per_numa(cell[candidate], rows, fleet.numa_columns)  # candidates per node
+        size_of = _per_numa(cell[candidate], rows, numa_columns)  # candidates per node
         present = size_of > 0
         away = (~used).astype(np.int64)  # a NUMA node no held GPU is on ranks later
         span = 2 * width + 1
-        groups = (away * span + (width - size_of)) * fleet.numa_columns + columns
-        groups = np.where(present, groups, _BIG)
+        # A NUMA node's rank as a number: (away, fewer candidates, node), unique per row,
+        # below ``last``; the home node -1, nodes without candidates ``last``.
+        last = 2 * span * numa_columns
+        groups = (away * span + (width - size_of)) * numa_columns + columns
         enough = present & (size_of >= wanted[:, None])
         sign = 1 if policy == "binpack" else -1
-        home_key = (away * span + (sign * size_of + width)) * fleet.numa_columns + columns
+        home_key = (away * span + (sign * size_of + width)) * numa_columns + columns
         home = np.where(
             enough.any(axis=1),
             np.where(enough, home_key, _BIG).argmin(axis=1),
-            groups.argmin(axis=1),
+            np.where(present, groups, _BIG).argmin(axis=1),
         )
-        ranked = np.where(columns == home[:, None], -1, groups)
-        group_rank = np.argsort(np.argsort(ranked, axis=1, kind="stable"), axis=1)
-        gpu_rank = np.take_along_axis(group_rank, numa, axis=1)
-        order_key = ((~touched) * (fleet.numa_columns + 1) + gpu_rank) * width + positions
+        ranked = np.where(columns == home[:, None], -1, np.where(present, groups, last))
+        group_key = ranked.ravel()[cell] + 1  # each GPU's node's rank, 0..last
+        untouched = 1 if touched is None else (~touched).astype(np.int64)
+        order_key = (untouched * (last + 2) + group_key) * width + positions
         order = np.argsort(np.where(candidate, order_key, _BIG), axis=1, kind="stable")
-        if held is None:
+        flat_rows = np.arange(rows)[:, None] * width
+        if held is None or touched is None:
             # Nothing held: every candidate is a whole free GPU and the request still
             # needs at least one whole GPU per GPU wanted, so the first ``wanted``
             # candidates in order are taken (place_units' loop never skips one).
-            rank = np.argsort(order, axis=1)
-            chosen: Bools = candidate & (rank < wanted[:, None])
+            chosen = _first_in_order(order, flat_rows, candidate, 0, wanted)
             take = np.where(chosen, free, 0)
-            need = need - take.sum(axis=1)
+            need = need - _row_sum(take)
             free = np.where(chosen, 0, free)
             touched = chosen
         else:
+            free = free.copy()
+            need = need.copy()
+            touched = touched.copy()
             _take_whole_in_order(
                 free,
                 take,
@@ -456,38 +481,51 @@ def _place_units(
                 touched=touched,
                 candidate=candidate,
                 order=order,
+                flat_rows=flat_rows,
                 units_per_gpu=upg,
             )
-        used = used | (_per_numa(cell[touched], rows, fleet.numa_columns) > 0)
+        used = used | (_per_numa(cell[touched], rows, numa_columns) > 0)
 
     # 2. The remainder on one GPU: held GPUs first, then used NUMA nodes, then policy.
     rest = need > 0
     if rest.any():
-        preference = (~touched).astype(np.int64) * 2
+        preference: Ints | int = 2 if touched is None else (~touched).astype(np.int64) * 2
         if used is not None:
             any_used: Bools = np.any(used, axis=1, keepdims=True)
-            away_gpu = any_used & ~np.take_along_axis(used, numa, axis=1)
-            preference = preference + away_gpu
+            preference = preference + (any_used & ~used.ravel()[cell])
         top = int(upg.max())
         by_free = free if policy == "binpack" else top - free
         key = (preference * (top + 1) + by_free) * width + positions
-        fits = free >= need[:, None]
-        best = np.where(fits, key, _BIG).argmin(axis=1)
-        single = rest & fits.any(axis=1)
+        fitting = np.where(free >= need[:, None], key, _BIG)
+        best = fitting.argmin(axis=1)
+        single = rest & (fitting.ravel()[np.arange(rows) * width + best] < _BIG)
         row_index = np.flatnonzero(single)
-        take[row_index, best[single]] += need[single]
-        # 3. Split over as few GPUs as possible, freest first (a refusal, or whole GPUs).
+        take[row_index, best[row_index]] += need[row_index]
+        # 3. No single GPU holds it: place_units would split it (refused, see above).
         spread = rest & ~single
-        if spread.any():
-            split_key = ((top - free[spread]) * 4 + preference[spread]) * width + positions
-            order = np.argsort(split_key, axis=1)
-            ordered = np.take_along_axis(free[spread], order, axis=1)
-            before = np.cumsum(ordered, axis=1) - ordered
-            parts = np.clip(need[spread][:, None] - before, 0, ordered)
-            added = np.zeros_like(ordered)
-            np.put_along_axis(added, order, parts, axis=1)
-            take[spread] += added
-    return take
+    return take, spread
+
+
+def _first_in_order(
+    order: Ints, flat_rows: Ints, candidate: Bools, skip: Ints | int, count: Ints
+) -> Bools:
+    """The candidates at places ``skip .. skip + count - 1`` of each row's ``order``.
+
+    Candidates come first in ``order``; a place past them (or past the row) is no
+    candidate and is left out. A gather of ``max(count)`` places, not an inverse sort.
+    """
+    rows, width = order.shape
+    chosen = np.zeros(rows * width, dtype=np.bool_)
+    most = int(count.max(initial=0))
+    if most <= 0:
+        return chosen.reshape(rows, width)
+    steps = np.arange(most)
+    place = steps + (skip[:, None] if isinstance(skip, np.ndarray) else skip)
+    inside = (steps < count[:, None]) & (place < width)
+    gpu = order.ravel()[flat_rows + np.minimum(place, width - 1)] + flat_rows
+    picked = gpu[inside & candidate.ravel()[gpu]]
+    chosen[picked] = True
+    return chosen.reshape(rows, width)
 
 
 def _per_numa(cells: Ints, rows: int, columns: int) -> Ints:
@@ -505,6 +543,7 @@ def _take_whole_in_order(
     touched: Bools,
     candidate: Bools,
     order: Ints,
+    flat_rows: Ints,
     units_per_gpu: Ints,
 ) -> None:
     """place_units' whole-GPU loop where units are held (in place).
@@ -517,7 +556,7 @@ def _take_whole_in_order(
     """
     rows = np.arange(free.shape[0])
     first = candidate & touched
-    ahead = first.sum(axis=1)  # they fill the first places of ``order``
+    ahead = _row_count(first)  # they fill the first places of ``order``
     for step in range(int(ahead.max(initial=0))):
         pos = order[:, step]
         here = free[rows, pos]
@@ -529,16 +568,40 @@ def _take_whole_in_order(
         wanted -= ok
         free[rows, pos] = np.where(ok, 0, here)
         touched[rows, pos] |= ok
-    rest = candidate & ~touched & ~first
     count = np.minimum(wanted, need // units_per_gpu)
-    # place among the completely free candidates, which follow the held ones in ``order``
-    rank = order.argsort(axis=1) - ahead[:, None]
-    chosen = rest & (rank < count[:, None])
+    # the completely free candidates follow the held ones in ``order``
+    chosen = _first_in_order(order, flat_rows, candidate, ahead, count)
     take[chosen] = free[chosen]
-    need -= np.where(chosen, free, 0).sum(axis=1)
-    wanted -= chosen.sum(axis=1)
+    need -= _row_sum(np.where(chosen, free, 0))
+    wanted -= _row_count(chosen)
     free[chosen] = 0
     touched |= chosen
+
+
+def _cells(fleet: Fleet) -> Ints:
+    """Each GPU's (row, NUMA node) as one index into a flattened ``(rows, NUMA nodes)``
+    array: counting per NUMA node is a bincount, looking a GPU's node up a gather."""
+    cells: Ints = np.arange(fleet.free.shape[0])[:, None] * fleet.numa_columns + fleet.numa
+    return cells
+
+
+def _row_sum(values: Ints) -> Ints:
+    """Each row's sum. einsum, because ``sum(axis=1)`` over rows of a few GPUs costs
+    twice as much (measured: 12 against 24 µs for 1,000 × 8)."""
+    sums: Ints = np.einsum("ij->i", values)
+    return sums
+
+
+def _row_count(mask: Bools) -> Ints:
+    """Each row's number of True (as int64; einsum again, a quarter cheaper than sum)."""
+    counts: Ints = np.einsum("ij->i", mask, dtype=np.int64, casting="safe")
+    return counts
+
+
+def _row_max(values: Ints) -> Ints:
+    """Each row's largest value, 0 for a row of no GPUs."""
+    largest: Ints = np.maximum.reduce(values, axis=1, initial=0)
+    return largest
 
 
 NO_NUMA: Final = 1 << 40

@@ -213,6 +213,34 @@ def test_only_changed_nodes_are_rewritten_and_gone_nodes_free_their_rows() -> No
     assert matrix.rows_of(["n5"])[0] < 5  # n4's row, reused
 
 
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["n2", "n0", "n1"], [2, 0, 1]),  # all known: one itemgetter call
+        (["n2", "nowhere", "n0"], [2, -1, 0]),  # one unknown: name by name
+        (["n1"], [1]),
+        (["nowhere"], [-1]),
+        ([], []),
+    ],
+)
+def test_rows_of_every_name_known_or_not(names: list[str], expected: list[int]) -> None:
+    core = ExtenderCore(resource=RESOURCE)
+    for i in range(3):
+        core.ledger.set_node(f"n{i}", ledger([i * 10], node=f"n{i}").model_dump_json())
+    matrix = NodeMatrix(core.ledger)
+    matrix.sync()
+    fleet = matrix.fleet()
+    assert fleet is not None
+    rows = matrix.rows_of(names)
+    assert rows.dtype == np.int64
+    assert rows.shape == (len(names),)
+    # rows as the matrix numbered them: n{i} has 100 - 10 * i units free
+    by_free = {100 - 10 * i: f"n{i}" for i in range(3)}
+    assert [by_free[int(fleet.free[row, 0])] if row >= 0 else None for row in rows] == [
+        f"n{e}" if e >= 0 else None for e in expected
+    ]
+
+
 def test_an_unbounded_change_log_falls_back_to_a_full_rebuild() -> None:
     core = ExtenderCore(resource=RESOURCE)
     core.ledger.set_node("a", ledger([0], node="a").model_dump_json())
