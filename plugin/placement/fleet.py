@@ -455,10 +455,15 @@ def _place_units(
             np.where(present, groups, _BIG).argmin(axis=1),
         )
         ranked = np.where(columns == home[:, None], -1, np.where(present, groups, last))
-        group_key = ranked.ravel()[cell] + 1  # each GPU's node's rank, 0..last
-        untouched = 1 if touched is None else (~touched).astype(np.int64)
-        order_key = (untouched * (last + 2) + group_key) * width + positions
-        order = np.argsort(np.where(candidate, order_key, _BIG), axis=1, kind="stable")
+        # (untouched, node's rank, position) as one number, built in place
+        order_key = ranked.ravel()[cell]
+        order_key += 1  # each GPU's node's rank, 0..last
+        if touched is not None:
+            order_key += np.where(touched, 0, last + 2)
+        order_key *= width
+        order_key += positions
+        order_key[~candidate] = _BIG
+        order = np.argsort(order_key, axis=1, kind="stable")
         flat_rows = np.arange(rows)[:, None] * width
         if held is None or touched is None:
             # Nothing held: every candidate is a whole free GPU and the request still
@@ -495,8 +500,10 @@ def _place_units(
             preference = preference + (any_used & ~used.ravel()[cell])
         top = int(upg.max())
         by_free = free if policy == "binpack" else top - free
-        key = (preference * (top + 1) + by_free) * width + positions
-        fitting = np.where(free >= need[:, None], key, _BIG)
+        fitting = preference * (top + 1) + by_free  # (preference, by free, position)
+        fitting *= width
+        fitting += positions
+        fitting[free < need[:, None]] = _BIG
         best = fitting.argmin(axis=1)
         single = rest & (fitting.ravel()[np.arange(rows) * width + best] < _BIG)
         row_index = np.flatnonzero(single)
