@@ -408,12 +408,13 @@ def _place_units(
 ) -> tuple[Ints, Bools]:
     """:func:`plugin.placement.units.place_units` on every row: units taken from each GPU.
 
-    Also the rows whose remainder no single GPU can hold. place_units would
-    split it over several GPUs (its step 3), and such a split always leaves
-    more than one GPU partly used (step 3 only runs when every GPU left has
-    less free than the remainder, which is below a GPU), so place_pod refuses
-    the row: its units are not worked out here. ``held`` None: nothing reused
-    (the common case, and the cheaper one).
+    Also the rows where no single GPU has the units still needed free:
+    place_units then spreads them (its step 3) over two GPUs or more and
+    leaves each partly used. None can end up whole: one that could would
+    have been taken whole in step 1, or held the rest alone. So place_pod
+    refuses every such row, and their units are not worked out here
+    (``tests/plugin/placement/test_fleet.py`` holds this to place_pod).
+    ``held`` None: nothing reused (the common case, and the cheaper one).
     """
     rows, width = free_now.shape
     take = np.zeros_like(free_now)
