@@ -161,6 +161,19 @@ def place_pod_on_fleet(
     asking = [index for index, c in enumerate(containers) if c.units > 0]
     if len(asking) == 1:
         return _one_container(fleet, asking[0], containers[asking[0]].units, policy)
+    if len(asking) == 2 and containers[asking[0]].kind == "init":
+        first, second = asking
+        share = containers[first].units
+        rows, width = fleet.free.shape
+        if rows and width and share < int(fleet.units_per_gpu.min()):
+            return _init_then_one(
+                fleet,
+                first=first,
+                share=share,
+                second=second,
+                units=containers[second].units,
+                policy=policy,
+            )
     return _replay(fleet, containers, policy)
 
 
@@ -347,8 +360,124 @@ def _one_container(
     )
 
 
+def _init_then_one(
+    fleet: Fleet, *, first: int, share: int, second: int, units: int, policy: AllocationPolicy
+) -> FleetPlacement:
+    """An init container's share reused by the one container after it, in closed form.
+
+    The replay's answer for this pod shape, with the init container asking less
+    than a GPU on every row (the caller checks). The init container's ``share``
+    goes to one GPU ``g`` (the tightest or freest that holds it); the next
+    container reuses it there and needs ``units - share`` more. For
+    ``units = w × U + q``, place_units then:
+
+    * ``w = 0``: puts the rest on ``g`` (held GPUs come first) if it fits, else
+      elsewhere, a split: refused;
+    * ``g`` completely free before: takes ``g`` whole first, then ``w - 1``
+      whole GPUs and the remainder as for one container, ``g``'s NUMA node
+      ranked first (:func:`_beside_whole` with ``anchor``);
+    * ``g`` partly used: takes ``w`` whole GPUs elsewhere; the rest, ``q -
+      share``, must join ``g`` (held first) or the share is split. With ``q <
+      share`` the whole-GPU loop stops one GPU short (the next whole GPU holds
+      more than is left), and the rest, over a GPU's worth, fits on no partly
+      used GPU: refused too.
+
+    Refusals are place_pod's, quoting the free units left after the init
+    container. Held to place_pod by ``tests/plugin/placement/test_fleet.py``.
+    """
+    free = fleet.free
+    upg = fleet.units_per_gpu
+    rows, width = free.shape
+    every = np.arange(rows)
+    total = _row_sum(free)
+    outcome = np.full(rows, FITS, dtype=np.int64)
+    container = np.full(rows, -1, dtype=np.int64)
+    numbers = np.zeros((rows, 4), dtype=np.int64)
+
+    def refuse(mask: Bools, kind: int, index: int, *values: Ints | int) -> None:
+        hit = np.flatnonzero(mask)
+        outcome[hit], container[hit] = kind, index
+        for column, value in enumerate(values):
+            numbers[hit, column] = value[hit] if isinstance(value, np.ndarray) else value
+
+    # 1. The init container: its share on one GPU, the tightest or the freest.
+    by_free = free if policy == "binpack" else int(upg.max()) - free
+    key = by_free * width + np.arange(width)
+    key[free < share] = _BIG
+    gpu = key.argmin(axis=1)
+    placed_init = key[every, gpu] < _BIG
+    short_init = share > total
+    refuse(short_init, SHORT, first, share, total, fleet.unhealthy)
+    refuse(~short_init & ~placed_init, NO_SINGLE_GPU, first, share, _row_max(free), total)
+    on_gpu = free[every, gpu]
+    if units <= share:  # everything it asks is reused
+        return FleetPlacement(
+            outcome,
+            container,
+            numbers,
+            gpus_used=np.where(placed_init, 1, 0),
+            left_on_used=np.where(placed_init, on_gpu - share, 0),
+            units_taken=np.where(placed_init, share, 0),
+        )
+
+    # 2. The container after it: ``share`` held on ``gpu``, ``units - share`` to place.
+    left_total = total - share
+    short = placed_init & (units > total)
+    refuse(short, SHORT, second, units - share, left_total, fleet.unhealthy)
+    alive = placed_init & ~short
+    whole, rest = units // upg, units % upg
+    completely = _row_count(free == upg[:, None])
+    anchored = on_gpu == upg  # the init container's GPU was completely free
+    fraction = whole == 0
+    enough_whole = ~fraction & (completely >= whole)
+    rest_beside = (rest == share) | ((rest > share) & (on_gpu >= rest))
+    rest_anywhere = (
+        (rest == 0)
+        | (_row_count((free < upg[:, None]) & (free >= rest[:, None])) > 0)
+        | (completely > whole)
+    )
+    fits_anchored = enough_whole & anchored & rest_anywhere
+    fits = alive & (
+        (fraction & (on_gpu >= units)) | (enough_whole & ~anchored & rest_beside) | fits_anchored
+    )
+    refused = alive & ~fits
+    if refused.any():
+        after = free.copy()
+        after[every, gpu] -= share
+        completely_after = completely - anchored  # ``gpu`` is no longer completely free
+        short_whole = refused & (whole > 0) & (completely_after < whole)
+        refuse(short_whole, WHOLE, second, whole, completely_after, left_total)
+        held = refused & ~short_whole
+        refuse(held, HELD, second, share, units - share, _row_max(after), left_total)
+
+    # What the pod takes where it fits: ``units`` in all, on ``gpu``, whole GPUs and,
+    # beside an anchor, the GPU the remainder joins.
+    gpus_used = np.where(fraction, 1, whole + 1)
+    left = np.where(fraction, on_gpu - units, on_gpu - rest)
+    joined = np.flatnonzero(fits & fits_anchored & (rest > 0))
+    if joined.size:
+        anchor = fleet.numa[joined, gpu[joined]]
+        beside = _beside_whole(fleet, joined, whole[joined], rest[joined], policy, anchor=anchor)
+        left[joined] = beside - rest[joined]
+    exact = fits_anchored & (rest == 0)  # only whole GPUs
+    return FleetPlacement(
+        outcome,
+        container,
+        numbers,
+        gpus_used=np.where(fits, np.where(exact, whole, gpus_used), 0),
+        left_on_used=np.where(fits & ~exact, left, 0),
+        units_taken=np.where(fits, units, 0),
+    )
+
+
 def _beside_whole(
-    fleet: Fleet, rows: Ints, whole: Ints, remainder: Ints, policy: AllocationPolicy
+    fleet: Fleet,
+    rows: Ints,
+    whole: Ints,
+    remainder: Ints,
+    policy: AllocationPolicy,
+    *,
+    anchor: Ints | None = None,
 ) -> Ints:
     """Free units of the GPU a fraction joins when whole GPUs were taken first.
 
@@ -356,25 +485,38 @@ def _beside_whole(
     completely free ones (binpack: the fewest that suffice, spread: the most;
     ties to the lower node), or else from the largest groups down; the
     fraction then prefers a GPU on a NUMA node the whole GPUs use.
+
+    ``anchor``: per row, the NUMA column of a completely free GPU the container
+    already holds part of (an init container's share it reuses). place_units
+    takes that GPU whole first and ranks its NUMA node before the others.
     """
     free = fleet.free[rows]
     upg = fleet.units_per_gpu[rows][:, None]
+    width = free.shape[1]
     columns = np.arange(fleet.numa_columns)
     on = fleet.numa[rows][:, :, None] == columns  # (rows, GPUs, columns)
     full = free == upg
     per_column = (on & full[:, :, None]).sum(axis=1)  # completely free GPUs per NUMA node
     want = whole[:, None]
     enough = per_column >= want
-    if policy == "binpack":
-        home = np.where(enough, per_column, _BIG).argmin(axis=1)
-    else:
-        home = np.where(enough, per_column, -1).argmax(axis=1)
+    # A NUMA node's rank: (away from the anchor's, then fewer / more GPUs, then lower node)
+    away = (columns != anchor[:, None]) if anchor is not None else np.ones_like(enough)
+    rank = away * (2 * width + 2)
+    home_key = rank + (per_column if policy == "binpack" else width - per_column)
+    home = np.where(enough, home_key, _BIG).argmin(axis=1)
     taken = np.zeros_like(per_column)
     taken[np.arange(rows.size), home] = whole
-    # No NUMA node has enough: the largest groups first, ties to the lower node.
+    if anchor is not None:
+        # The anchor is one of the whole GPUs, taken first; the home node (another
+        # only when the anchor's has too few) gives the others.
+        moved = np.flatnonzero(home != anchor)
+        taken[moved, home[moved]] -= 1
+        taken[moved, anchor[moved]] += 1
+    # No NUMA node has enough: the anchor's node, then the largest groups, ties to
+    # the lower node.
     short = ~enough.any(axis=1)
     if short.any():
-        order = np.argsort(-per_column[short], axis=1, kind="stable")
+        order = np.argsort((rank + width - per_column)[short], axis=1, kind="stable")
         sizes = np.take_along_axis(per_column[short], order, axis=1)
         before = np.cumsum(sizes, axis=1) - sizes
         used = np.clip(want[short] - before, 0, sizes)
