@@ -8,7 +8,10 @@ order, init containers' units reused, each container placed by
 :func:`~plugin.placement.units.place_units`) runs here on ``nodes × GPUs``
 arrays: a Python loop over the pod's few containers and, inside place_units'
 whole-GPU step, over a node's few GPUs, with every node handled by one numpy
-operation at each step.
+operation at each step. The common pod shapes have closed forms that cost a
+fraction of the replay's ~100 passes per container: one container asking;
+shares below a GPU in sidecars or app containers before one last container;
+an init container's share reused by the one container after it.
 
 Exactly place_pod's answer, not an approximation: the same order of whole
 GPUs (NUMA groups as :func:`~plugin.placement.units._order_whole` ranks them),
@@ -153,14 +156,25 @@ def place_pod_on_fleet(
 ) -> FleetPlacement:
     """place_pod(containers) on every row; containers asking for nothing are skipped.
 
-    Three ways to the same answer, by cost: row by row with place_pod itself for
-    a few rows, a closed form for one container asking, the replay over arrays.
+    The same answer by the cheapest way that applies: row by row with place_pod
+    itself for a few rows; a closed form for one container asking, for shares
+    before one last container with nothing reused, for an init container's share
+    reused by the one after it; else the replay over arrays.
     """
     if fleet.free.shape[0] < node_by_node_below:
         return _row_by_row(fleet, containers, policy)
     asking = [index for index, c in enumerate(containers) if c.units > 0]
     if len(asking) == 1:
         return _one_container(fleet, asking[0], containers[asking[0]].units, policy)
+    if (
+        len(asking) > 1
+        and all(containers[i].kind != "init" for i in asking[:-1])
+        and containers[asking[-1]].units >= int(fleet.units_per_gpu.min(initial=1 << 62))
+    ):
+        # (a last container below a GPU costs the replay no more than this)
+        chained = _without_reuse(fleet, containers, asking, policy)
+        if chained is not None:
+            return chained
     if len(asking) == 2 and containers[asking[0]].kind == "init":
         first, second = asking
         share = containers[first].units
@@ -317,6 +331,17 @@ def _one_container(
     remainder goes to the GPU :func:`_beside_whole` (or, with no whole GPUs, the
     tightest or freest) names, and only its free units matter for the score.
     """
+    placed, _ = _one_container_located(fleet, index, units, policy, locate=False)
+    return placed
+
+
+def _one_container_located(
+    fleet: Fleet, index: int, units: int, policy: AllocationPolicy, *, locate: bool
+) -> tuple[FleetPlacement, Ints]:
+    """:func:`_one_container`, and with ``locate`` the GPU its remainder joins per row:
+    its position, or -1 (no remainder, refused, a completely free GPU beside whole
+    ones, which is all a caller merging containers needs to know of it, or
+    ``locate`` off)."""
     free = fleet.free
     upg = fleet.units_per_gpu
     whole = units // upg
@@ -337,26 +362,134 @@ def _one_container(
     fits = outcome == FITS
     numbers[fits] = 0
     remainder_free = np.zeros_like(total)
+    gpu = np.full(free.shape[0], -1, dtype=np.int64)
     with_fraction = fits & (remainder > 0)
     alone = np.flatnonzero(with_fraction & (whole == 0))
     if alone.size:
+        on = free[alone]
         if policy == "binpack":
-            holds = free[alone] >= remainder[alone, None]
-            remainder_free[alone] = np.where(holds, free[alone], _BIG).min(axis=1)
+            key = on * free.shape[1] + np.arange(free.shape[1])
+            key[on < remainder[alone, None]] = _BIG
+            pick = key.argmin(axis=1)  # the tightest, the lowest of equals
         else:
-            remainder_free[alone] = largest[alone]
+            pick = on.argmax(axis=1)  # the freest, the lowest of equals
+        remainder_free[alone] = on[np.arange(alone.size), pick]
+        gpu[alone] = pick
     beside = np.flatnonzero(with_fraction & (whole > 0))
     if beside.size:
-        remainder_free[beside] = _beside_whole(
-            fleet, beside, whole[beside], remainder[beside], policy
+        remainder_free[beside], located = _beside_whole(
+            fleet, beside, whole[beside], remainder[beside], policy, locate=locate
         )
-    return FleetPlacement(
+        if located is not None:
+            gpu[beside] = located
+    placed = FleetPlacement(
         outcome.astype(np.int64),
         np.where(fits, -1, index),
         numbers,
         gpus_used=np.where(fits, whole + (remainder > 0), 0),
         left_on_used=np.where(with_fraction, remainder_free - remainder, 0),
         units_taken=np.where(fits, units, 0),
+    )
+    return placed, gpu
+
+
+def _without_reuse(
+    fleet: Fleet,
+    containers: Sequence[ContainerRequest],
+    asking: Sequence[int],
+    policy: AllocationPolicy,
+) -> FleetPlacement | None:
+    """Several containers, none reusing another's units (sidecars, app containers),
+    each but the last asking less than a GPU on every row; None otherwise.
+
+    place_pod places such containers one after another, each as a pod of its
+    own on what the ones before left (place_units with nothing held ranks no
+    NUMA node or GPU by what came before). A share below a GPU goes to the
+    tightest or freest GPU that holds it: one argmin per container. The last
+    container is :func:`_one_container` on what is left, told where its
+    remainder goes, so that the GPUs the pod uses are counted once.
+    """
+    free = fleet.free.copy()
+    upg = fleet.units_per_gpu
+    rows, width = free.shape
+    if not rows or not width or max(containers[i].units for i in asking[:-1]) >= int(upg.min()):
+        return None
+    every = np.arange(rows)
+    outcome = np.full(rows, FITS, dtype=np.int64)
+    container = np.full(rows, -1, dtype=np.int64)
+    numbers = np.zeros((rows, 4), dtype=np.int64)
+    alive = np.ones(rows, dtype=np.bool_)
+    used = np.zeros(free.shape, dtype=np.bool_)  # GPUs the containers before the last use
+    positions = np.arange(width)
+    top = int(upg.max())
+    for index in asking[:-1]:
+        share = containers[index].units
+        total = _row_sum(free)
+        key = (free if policy == "binpack" else top - free) * width + positions
+        key[free < share] = _BIG
+        gpu = key.argmin(axis=1)
+        short = alive & (share > total)
+        no_gpu = alive & ~short & (key[every, gpu] >= _BIG)
+        refused = (outcome, container, numbers)
+        if short.any():
+            _refuse(refused, short, SHORT, index, share, total, fleet.unhealthy)
+        if no_gpu.any():
+            _refuse(refused, no_gpu, NO_SINGLE_GPU, index, share, _row_max(free), total)
+        alive &= ~short & ~no_gpu
+        placed = np.flatnonzero(alive)
+        free[placed, gpu[placed]] -= share
+        used[placed, gpu[placed]] = True
+    last = asking[-1]
+    units = containers[last].units
+    left = _with_free(fleet, free)
+    final, joins = _one_container_located(left, last, units, policy, locate=True)
+    refused_last = alive & (final.outcome != FITS)
+    outcome[refused_last] = final.outcome[refused_last]
+    container[refused_last] = last
+    numbers[refused_last] = final.numbers[refused_last]
+    fits = alive & ~refused_last
+    # The GPUs used: those before, the last container's whole GPUs (completely free
+    # ones, so none of those before) and the GPU its remainder joins, once.
+    joined_before = (joins >= 0) & used[every, np.maximum(joins, 0)]
+    remainder = units % upg
+    joined_free = final.left_on_used + remainder  # free units of the GPU it joins
+    gpus_used = _row_count(used) + final.gpus_used - joined_before
+    # free units left on them: those before keep what they had (less the remainder
+    # where it joins one of them), a GPU of its own what it had less the remainder
+    before_left = _row_sum(np.where(used, free, 0))
+    left_on_used = before_left + final.left_on_used - np.where(joined_before, joined_free, 0)
+    earlier = sum(containers[i].units for i in asking[:-1])
+    return FleetPlacement(
+        outcome,
+        container,
+        numbers,
+        gpus_used=np.where(fits, gpus_used, 0),
+        left_on_used=np.where(fits, left_on_used, 0),
+        units_taken=np.where(fits, earlier + units, 0),
+    )
+
+
+def _refuse(
+    answer: tuple[Ints, Ints, Ints], mask: Bools, kind: int, index: int, *values: Ints | int
+) -> None:
+    """Record a refusal on the rows of ``mask``: ``answer`` is (outcome, container,
+    numbers) of a placement being built; ``values`` the numbers quoted, per row or one."""
+    outcome, container, numbers = answer
+    hit = np.flatnonzero(mask)
+    outcome[hit], container[hit] = kind, index
+    for column, value in enumerate(values):
+        numbers[hit, column] = value[hit] if isinstance(value, np.ndarray) else value
+
+
+def _with_free(fleet: Fleet, free: Ints) -> Fleet:
+    """The same nodes with other free units (what is left after some containers)."""
+    return Fleet(
+        free=free,
+        numa=fleet.numa,
+        units_per_gpu=fleet.units_per_gpu,
+        unhealthy=fleet.unhealthy,
+        healthy=fleet.healthy,
+        numa_columns=fleet.numa_columns,
     )
 
 
@@ -395,10 +528,7 @@ def _init_then_one(
     numbers = np.zeros((rows, 4), dtype=np.int64)
 
     def refuse(mask: Bools, kind: int, index: int, *values: Ints | int) -> None:
-        hit = np.flatnonzero(mask)
-        outcome[hit], container[hit] = kind, index
-        for column, value in enumerate(values):
-            numbers[hit, column] = value[hit] if isinstance(value, np.ndarray) else value
+        _refuse((outcome, container, numbers), mask, kind, index, *values)
 
     # 1. The init container: its share on one GPU, the tightest or the freest.
     by_free = free if policy == "binpack" else int(upg.max()) - free
@@ -457,7 +587,7 @@ def _init_then_one(
     joined = np.flatnonzero(fits & fits_anchored & (rest > 0))
     if joined.size:
         anchor = fleet.numa[joined, gpu[joined]]
-        beside = _beside_whole(fleet, joined, whole[joined], rest[joined], policy, anchor=anchor)
+        beside, _ = _beside_whole(fleet, joined, whole[joined], rest[joined], policy, anchor=anchor)
         left[joined] = beside - rest[joined]
     exact = fits_anchored & (rest == 0)  # only whole GPUs
     return FleetPlacement(
@@ -478,7 +608,8 @@ def _beside_whole(
     policy: AllocationPolicy,
     *,
     anchor: Ints | None = None,
-) -> Ints:
+    locate: bool = False,
+) -> tuple[Ints, Ints | None]:
     """Free units of the GPU a fraction joins when whole GPUs were taken first.
 
     place_units takes the whole GPUs from one NUMA node that has enough
@@ -489,14 +620,19 @@ def _beside_whole(
     ``anchor``: per row, the NUMA column of a completely free GPU the container
     already holds part of (an init container's share it reuses). place_units
     takes that GPU whole first and ranks its NUMA node before the others.
+
+    With ``locate``, also that GPU's position when it is a partly used one (the
+    lowest of equals on the NUMA nodes preferred, as place_units' key has it);
+    -1 for a completely free GPU.
     """
     free = fleet.free[rows]
     upg = fleet.units_per_gpu[rows][:, None]
     width = free.shape[1]
     columns = np.arange(fleet.numa_columns)
-    on = fleet.numa[rows][:, :, None] == columns  # (rows, GPUs, columns)
-    full = free == upg
-    per_column = (on & full[:, :, None]).sum(axis=1)  # completely free GPUs per NUMA node
+    # (row, NUMA node) as one index: per-node counts by bincount, a GPU's node by a
+    # gather, no (rows, GPUs, NUMA nodes) arrays
+    cell = np.arange(rows.size)[:, None] * fleet.numa_columns + fleet.numa[rows]
+    per_column = _per_numa(cell[free == upg], rows.size, fleet.numa_columns)
     want = whole[:, None]
     enough = per_column >= want
     # A NUMA node's rank: (away from the anchor's, then fewer / more GPUs, then lower node)
@@ -523,19 +659,33 @@ def _beside_whole(
         spread_taken = np.zeros_like(sizes)
         np.put_along_axis(spread_taken, order, used, axis=1)
         taken[short] = spread_taken
-    left_full = per_column > taken  # a completely free GPU stays on this NUMA node
+    # The remainder: a partly used GPU that holds it, or a completely free one left
+    # on a NUMA node; on the nodes the whole GPUs use if any GPU there holds it.
     fits = (free < upg) & (free >= remainder[:, None])
+    used_node = taken > 0
+    on_used = used_node.ravel()[cell]
+    left_full = per_column > taken  # a completely free GPU stays on this NUMA node
+    full_used = (used_node & left_full).any(axis=1)
+    full_any = left_full.any(axis=1)
+    top = upg[:, 0]
     if policy == "binpack":
-        partial = np.where(on & fits[:, :, None], free[:, :, None], _BIG).min(axis=1)
-        best = np.minimum(partial, np.where(left_full, upg, _BIG))
-        preferred = np.where(taken > 0, best, _BIG).min(axis=1)
-        tightest: Ints = np.where(preferred < _BIG, preferred, best.min(axis=1))
-        return tightest
-    partial = np.where(on & fits[:, :, None], free[:, :, None], -1).max(axis=1)
-    best = np.where(left_full, upg, partial)
-    preferred = np.where(taken > 0, best, -1).max(axis=1)
-    freest: Ints = np.where(preferred >= 0, preferred, best.max(axis=1))
-    return freest
+        preferred = np.minimum(
+            np.where(fits & on_used, free, _BIG).min(axis=1), np.where(full_used, top, _BIG)
+        )
+        anywhere = np.minimum(np.where(fits, free, _BIG).min(axis=1), np.where(full_any, top, _BIG))
+        has_preferred = preferred < _BIG
+    else:
+        preferred = np.maximum(
+            np.where(fits & on_used, free, -1).max(axis=1), np.where(full_used, top, -1)
+        )
+        anywhere = np.maximum(np.where(fits, free, -1).max(axis=1), np.where(full_any, top, -1))
+        has_preferred = preferred >= 0
+    value: Ints = np.where(has_preferred, preferred, anywhere)
+    if not locate:
+        return value, None
+    match = fits & (on_used | ~has_preferred[:, None]) & (free == value[:, None])
+    gpu: Ints = np.where(value < top, match.argmax(axis=1), -1)
+    return value, gpu
 
 
 def _place_units(

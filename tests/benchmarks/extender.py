@@ -21,13 +21,15 @@ process, on parsed requests (the HTTP decode is measured apart):
   - *new ask*: every pod asks a number of units no pod asked before, so no
     answer computed for an earlier pod can be reused.
 
-  These pods ask for GPUs in one container, as most do. Two more figures,
-  in a phase of their own, measure pods with GPUs in two containers (an init
-  container's share reused by the app: the kubelet's reuse replayed), a
-  repeated and a new ask. The extender decides every pod over all nodes at
-  once (``plugin.extender.bulk``, numpy); ``--node-by-node`` measures the
-  same workloads placed one node at a time with place_pod and its memo (the
-  path before, kept for clusters the arrays are not built for).
+  These pods ask for GPUs in one container, as most do. Three more figures,
+  in a phase of their own, measure pods with GPUs in two containers: an init
+  container's share reused by the app (the kubelet's reuse; a closed form of
+  its own), a repeated and a new ask, and a native sidecar keeping its own
+  units beside the app, a new ask (the general replay over the arrays).
+  The extender decides every pod over all nodes at once
+  (``plugin.extender.bulk``, numpy); ``--node-by-node`` measures the same
+  workloads placed one node at a time with place_pod and its memo (the path
+  before, kept for clusters the arrays are not built for).
 
 * **bind decision**: place_pod on one node plus the reservation (no API call).
 
@@ -109,15 +111,21 @@ def container(name: str, units: int) -> dict[str, object]:
     }
 
 
-def pod(units: int, *, name: str, uid: str, init_units: int = 0) -> dict[str, object]:
+def pod(
+    units: int, *, name: str, uid: str, init_units: int = 0, sidecar_units: int = 0
+) -> dict[str, object]:
     """One container of ``units``; with ``init_units``, an init container before it
-    whose share the app container reuses (the node-by-node path)."""
+    whose share the app container reuses; with ``sidecar_units``, a native sidecar
+    (an init container that keeps running, and keeps its own units)."""
     spec: dict[str, object] = {
         "schedulerName": "metagpu-scheduler",
         "containers": [container(name, units)],
     }
     if init_units:
         spec["initContainers"] = [container(f"{name}-init", init_units)]
+    if sidecar_units:
+        sidecar = {**container(f"{name}-proxy", sidecar_units), "restartPolicy": "Always"}
+        spec["initContainers"] = [sidecar]
     return {"metadata": {"name": name, "namespace": "bench", "uid": uid}, "spec": spec}
 
 
@@ -196,6 +204,7 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
         fresh: list[float] = []
         two_repeated: list[float] = []
         two_fresh: list[float] = []
+        sidecar_fresh: list[float] = []
         for k in range(rounds):
             units = sizes[k % len(sizes)]
             # one node changed since the last pod (the last bind's node reported)
@@ -249,6 +258,16 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
             core.filter(args)
             core.prioritize(args)
             two_fresh.append((time.perf_counter() - start) * 1000)
+            args = ExtenderArgs(
+                Pod=pod(
+                    fresh_units, name=f"sjob{count}-{k}", uid=f"sj{count}-{k}", sidecar_units=10
+                ),
+                NodeNames=candidates,
+            )
+            start = time.perf_counter()
+            core.filter(args)
+            core.prioritize(args)
+            sidecar_fresh.append((time.perf_counter() - start) * 1000)
         two_gc = pauses.take()
         print(row("baseline: total-free check per node", base))
         print(row("repeated ask (one node changed per pod)", repeated, FILTER_TARGET_MS))
@@ -256,6 +275,7 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
         print(row("new ask (no earlier answer to reuse)", fresh, FILTER_TARGET_MS))
         print(row("init + app, repeated ask", two_repeated, FILTER_TARGET_MS))
         print(row("init + app, new ask", two_fresh, FILTER_TARGET_MS))
+        print(row("sidecar + app, new ask", sidecar_fresh, FILTER_TARGET_MS))
         print(f"  full GC passes: one-container phase {one_gc}; two-container phase {two_gc}")
         b = statistics.median(base)
         print(

@@ -127,6 +127,43 @@ def test_an_init_share_reused_in_closed_form_is_place_pods_answer(
     assert (placed.taken is None) == any(node_gpus for _, node_gpus in fleet_nodes)
 
 
+@st.composite
+def shares_then_one(draw: st.DrawFn, lowest: int, upg: int) -> list[ContainerRequest]:
+    """Sidecars and app containers below a GPU each (of the smallest GPUs, ``lowest``
+    units), then one container of any size, none reusing another's units (no init
+    container before the last one asking)."""
+    before = draw(st.lists(st.integers(0, lowest - 1), min_size=1, max_size=3))
+    kinds: list[ContainerKind] = [draw(st.sampled_from(["sidecar", "app"])) for _ in before]
+    last: ContainerKind = draw(st.sampled_from(["app", "sidecar", "init"]))
+    special = [lowest, upg, 2 * upg, upg + 1, lowest + 1]
+    units = draw(st.one_of(st.integers(1, 3 * upg), st.sampled_from(special)))
+    pod = [
+        ContainerRequest(f"c{i}", k, n) for i, (k, n) in enumerate(zip(kinds, before, strict=True))
+    ]
+    pod.append(ContainerRequest("last", last, units))
+    return sorted(pod, key=lambda c: c.kind == "app")  # init containers and sidecars first
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    data=st.data(),
+    sizes=st.sampled_from([[4], [10], [100], [4, 10], [10, 100]]),
+    policy=st.sampled_from(["binpack", "spread"]),
+)
+def test_shares_without_reuse_in_closed_form_are_place_pods_answer(
+    data: st.DataObject, sizes: list[int], policy: AllocationPolicy
+) -> None:
+    """fleet._without_reuse against place_pod: the GPU the last container's remainder
+    joins decides whether the pod uses one GPU fewer, so it gets examples of its own
+    (nodes of two GPU sizes too, where the last container is whole GPUs on some nodes
+    and a fraction on others)."""
+    fleet_nodes = data.draw(
+        st.lists(st.sampled_from(sizes).flatmap(nodes), min_size=1, max_size=12)
+    )
+    upgs = [upg for upg, _ in fleet_nodes]
+    check(fleet_nodes, data.draw(shares_then_one(min(upgs), max(upgs))), policy)
+
+
 def gpus(*free: int, numa: tuple[int | None, ...] = ()) -> list[GpuState]:
     return [GpuState(f"GPU-{i}", n, numa=numa[i] if numa else None) for i, n in enumerate(free)]
 
@@ -188,6 +225,22 @@ def app(units: int) -> list[ContainerRequest]:
         # ... with the remainder (20) below the share (30) the whole-GPU loop stops a
         # GPU short, and 90 more fit on no partly used GPU: refused
         ([ContainerRequest("warmup", "init", 30), *app(120)], (100, gpus(100, 100, 60))),
+        # a sidecar's share, then the app's fraction on another GPU (the tighter 40) ...
+        ([ContainerRequest("proxy", "sidecar", 10), *app(30)], (100, gpus(40, 35))),
+        # ... or on the sidecar's GPU, then one GPU for both
+        ([ContainerRequest("proxy", "sidecar", 10), *app(30)], (100, gpus(40, 45))),
+        # the sidecar leaves 5 on GPU 0 (NUMA node 1); the app's whole GPU is on node 0,
+        # so its remainder (5) goes to GPU 2 there, not to the sidecar's GPU, though both
+        # have 5 free and GPU 0 comes first: three GPUs used, not two
+        (
+            [ContainerRequest("proxy", "sidecar", 55), *app(105)],
+            (100, gpus(60, 100, 5, numa=(1, 0, 0))),
+        ),
+        # two app containers, the second with whole GPUs beside the first's share
+        (
+            [ContainerRequest("a", "app", 30), ContainerRequest("b", "app", 150)],
+            (100, gpus(100, 40, 100, 60, numa=(0, 0, 1, 1))),
+        ),
     ],
 )
 def test_known_cases(
