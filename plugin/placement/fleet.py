@@ -346,21 +346,27 @@ def _one_container_located(
     upg = fleet.units_per_gpu
     whole = units // upg
     remainder = units % upg
+    rows = free.shape[0]
     total = _row_sum(free)
-    largest = _row_max(free)
     completely = _row_count(free == upg[:, None])
     partial_fit = (free < upg[:, None]) & (free >= remainder[:, None]) & (remainder[:, None] > 0)
     remainder_ok = (remainder == 0) | (_row_count(partial_fit) > 0) | (completely > whole)
     short = units > total
     short_whole = ~short & (completely < whole)
     no_single = ~short & ~short_whole & ~remainder_ok
-    outcome = np.select([short, short_whole, no_single], [SHORT, WHOLE, NO_SINGLE_GPU], FITS)
-    numbers = np.zeros((free.shape[0], 4), dtype=np.int64)
-    numbers[:, 0] = np.select([short, short_whole], [units, whole], remainder)
-    numbers[:, 1] = np.select([short, short_whole], [total, completely], largest)
-    numbers[:, 2] = np.select([short], [fleet.unhealthy], total)
+    outcome = np.full(rows, FITS, dtype=np.int64)
+    container = np.full(rows, -1, dtype=np.int64)
+    numbers = np.zeros((rows, 4), dtype=np.int64)
+    answer = (outcome, container, numbers)
+    if short.any():
+        _refuse(answer, short, SHORT, index, units, total, fleet.unhealthy)
+    if short_whole.any():
+        _refuse(answer, short_whole, WHOLE, index, whole, completely, total)
+    if no_single.any():
+        largest = np.zeros_like(total)
+        largest[no_single] = _row_max(free[no_single])
+        _refuse(answer, no_single, NO_SINGLE_GPU, index, remainder, largest, total)
     fits = outcome == FITS
-    numbers[fits] = 0
     remainder_free = np.zeros_like(total)
     gpu = np.full(free.shape[0], -1, dtype=np.int64)
     with_fraction = fits & (remainder > 0)
@@ -383,8 +389,8 @@ def _one_container_located(
         if located is not None:
             gpu[beside] = located
     placed = FleetPlacement(
-        outcome.astype(np.int64),
-        np.where(fits, -1, index),
+        outcome,
+        container,
         numbers,
         gpus_used=np.where(fits, whole + (remainder > 0), 0),
         left_on_used=np.where(with_fraction, remainder_free - remainder, 0),
