@@ -24,8 +24,10 @@ process, on parsed requests (the HTTP decode is measured apart):
   These pods ask for GPUs in one container, as most do. Three more figures,
   in a phase of their own, measure pods with GPUs in two containers: an init
   container's share reused by the app (the kubelet's reuse; a closed form of
-  its own), a repeated and a new ask, and a native sidecar keeping its own
-  units beside the app, a new ask (the general replay over the arrays).
+  its own), a repeated and a new ask; a native sidecar keeping its own units
+  beside the app, a new ask (a closed form too); and an init container of 1.5
+  GPUs reused by the app, a new ask (the shape no closed form covers: the
+  kubelet's replay over the arrays).
   The extender decides every pod over all nodes at once
   (``plugin.extender.bulk``, numpy); ``--node-by-node`` measures the same
   workloads placed one node at a time with place_pod and its memo (the path
@@ -205,6 +207,7 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
         two_repeated: list[float] = []
         two_fresh: list[float] = []
         sidecar_fresh: list[float] = []
+        replay_fresh: list[float] = []
         for k in range(rounds):
             units = sizes[k % len(sizes)]
             # one node changed since the last pod (the last bind's node reported)
@@ -268,6 +271,19 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
             core.filter(args)
             core.prioritize(args)
             sidecar_fresh.append((time.perf_counter() - start) * 1000)
+            args = ExtenderArgs(
+                Pod=pod(
+                    150 + fresh_units,
+                    name=f"rjob{count}-{k}",
+                    uid=f"rj{count}-{k}",
+                    init_units=150,
+                ),
+                NodeNames=candidates,
+            )
+            start = time.perf_counter()
+            core.filter(args)
+            core.prioritize(args)
+            replay_fresh.append((time.perf_counter() - start) * 1000)
         two_gc = pauses.take()
         print(row("baseline: total-free check per node", base))
         print(row("repeated ask (one node changed per pod)", repeated, FILTER_TARGET_MS))
@@ -276,6 +292,7 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
         print(row("init + app, repeated ask", two_repeated, FILTER_TARGET_MS))
         print(row("init + app, new ask", two_fresh, FILTER_TARGET_MS))
         print(row("sidecar + app, new ask", sidecar_fresh, FILTER_TARGET_MS))
+        print(row("init of 1.5 GPUs + app, new ask", replay_fresh, FILTER_TARGET_MS))
         print(f"  full GC passes: one-container phase {one_gc}; two-container phase {two_gc}")
         b = statistics.median(base)
         print(
