@@ -11,7 +11,7 @@ whole-GPU step, over a node's few GPUs, with every node handled by one numpy
 operation at each step. The common pod shapes have closed forms that cost a
 fraction of the replay's ~100 passes per container: one container asking;
 shares below a GPU in sidecars or app containers before one last container;
-an init container's share reused by the one container after it.
+an init container's units reused by the one container after it.
 
 Exactly place_pod's answer, not an approximation: the same order of whole
 GPUs (NUMA groups as :func:`~plugin.placement.units._order_whole` ranks them),
@@ -76,7 +76,7 @@ def place_pod_on_fleet(
 
     The same answer by the cheapest way that applies: row by row with place_pod
     itself for a few rows; a closed form for one container asking, for shares
-    before one last container with nothing reused, for an init container's share
+    before one last container with nothing reused, for an init container's units
     reused by the one after it; else the replay over arrays.
     """
     if fleet.free.shape[0] < node_by_node_below:
@@ -97,7 +97,7 @@ def place_pod_on_fleet(
         first, second = asking
         share = containers[first].units
         rows, width = fleet.free.shape
-        if rows and width and share < int(fleet.units_per_gpu.min()):
+        if rows and width:
             return init_then_one(
                 fleet,
                 first=first,

@@ -144,6 +144,8 @@ def record_refusal(
     numbers) of a placement being built; ``values`` the numbers quoted, per row or one."""
     outcome, container, numbers = answer
     hit = np.flatnonzero(mask)
+    if not hit.size:
+        return
     outcome[hit], container[hit] = kind, index
     for column, value in enumerate(values):
         numbers[hit, column] = value[hit] if isinstance(value, np.ndarray) else value

@@ -8,8 +8,8 @@ down directly:
 * one container asking (:func:`one_container`);
 * shares below a GPU in sidecars or app containers before one last container,
   none reusing another's units (:func:`without_reuse`);
-* an init container's share below a GPU, reused by the one container after it
-  (:func:`init_then_one`).
+* an init container's units (below a GPU or several GPUs), reused by the one
+  container after it (:func:`init_then_one`).
 
 Each is held to place_pod by a hypothesis test of its own in
 ``tests/plugin/placement/test_fleet.py``.
@@ -18,6 +18,7 @@ Each is held to place_pod by a hypothesis test of its own in
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,7 +37,7 @@ from plugin.placement.fleet.arrays import (
     with_free,
 )
 from plugin.placement.pod import ContainerRequest
-from plugin.placement.refusals import FITS, HELD, NO_SINGLE_GPU, SHORT, WHOLE
+from plugin.placement.refusals import FITS, HELD, NO_SINGLE_GPU, REUSE, SHORT, WHOLE
 
 
 def one_container(fleet: Fleet, index: int, units: int, policy: AllocationPolicy) -> FleetPlacement:
@@ -196,33 +197,34 @@ def without_reuse(
 def init_then_one(
     fleet: Fleet, *, first: int, share: int, second: int, units: int, policy: AllocationPolicy
 ) -> FleetPlacement:
-    """An init container's share reused by the one container after it, in closed form.
+    """An init container's units reused by the one container after it, in closed form.
 
-    The replay's answer for this pod shape, with the init container asking less
-    than a GPU on every row (the caller checks). The init container's ``share``
-    goes to one GPU ``g`` (the tightest or freest that holds it); the next
-    container reuses it there and needs ``units - share`` more. For
-    ``units = w × U + q``, place_units then:
+    The init container is placed as a pod of its own: ``w_i`` whole GPUs (the set
+    ``A``) and, for a remainder ``r_i``, one GPU ``g``. The next container asks
+    ``units``:
 
-    * ``w = 0``: puts the rest on ``g`` (held GPUs come first) if it fits, else
-      elsewhere, a split: refused;
-    * ``g`` completely free before: takes ``g`` whole first, then ``w - 1``
-      whole GPUs and the remainder as for one container, ``g``'s NUMA node
-      ranked first (:func:`_beside_whole` with ``anchor``);
-    * ``g`` partly used: takes ``w`` whole GPUs elsewhere; the rest, ``q -
-      share``, must join ``g`` (held first) or the share is split. With ``q <
-      share`` the whole-GPU loop stops one GPU short (the next whole GPU holds
-      more than is left), and the rest, over a GPU's worth, fits on no partly
-      used GPU: refused too.
+    * fewer than the init container held: it reuses part of them, which the
+      kubelet picks in no fixed order when they lie on several GPUs (refused,
+      place_pod's REUSE), else it simply reuses them;
+    * more, ``d = units - share`` more: it holds all of them and place_units
+      takes the GPUs held first. Where ``g`` was completely free (or there is
+      no ``g``), the held GPUs become whole ones (``g`` too once ``d`` reaches
+      its free rest; before that the rest joins ``g``) and the others are placed
+      as for one container, the held GPUs' NUMA nodes ranked first
+      (:func:`_beside_whole` with ``pretaken``). Where ``g`` was partly used, the
+      ``d // U`` whole GPUs come from elsewhere and the rest, ``d % U``, must
+      join ``g`` or the share is split: refused.
 
     Refusals are place_pod's, quoting the free units left after the init
     container. Held to place_pod by ``tests/plugin/placement/test_fleet.py``.
     """
     free = fleet.free
     upg = fleet.units_per_gpu
-    rows, width = free.shape
+    rows = free.shape[0]
     every = np.arange(rows)
     total = row_sum(free)
+    complete = free == upg[:, None]
+    completely = row_count(complete)
     outcome = np.full(rows, FITS, dtype=np.int64)
     container = np.full(rows, -1, dtype=np.int64)
     numbers = np.zeros((rows, 4), dtype=np.int64)
@@ -230,72 +232,150 @@ def init_then_one(
     def refuse(mask: Bools, kind: int, index: int, *values: Ints | int) -> None:
         record_refusal((outcome, container, numbers), mask, kind, index, *values)
 
-    # 1. The init container: its share on one GPU, the tightest or the freest.
-    by_free = free if policy == "binpack" else int(upg.max()) - free
-    key = by_free * width + np.arange(width)
-    key[free < share] = BIG
-    gpu = key.argmin(axis=1)
-    placed_init = key[every, gpu] < BIG
+    # 1. The init container, by the one-container rules (:func:`one_container`).
+    w_init, r_init = share // upg, share % upg
+    held_gpus = w_init + (r_init > 0)  # GPUs the init container's units go to
+    partial_fit = (free < upg[:, None]) & (free >= r_init[:, None]) & (r_init[:, None] > 0)
     short_init = share > total
+    whole_short = ~short_init & (completely < w_init)
+    no_gpu = (
+        ~short_init
+        & ~whole_short
+        & (r_init > 0)
+        & (row_count(partial_fit) == 0)
+        & (completely <= w_init)
+    )
     refuse(short_init, SHORT, first, share, total, fleet.unhealthy)
-    refuse(~short_init & ~placed_init, NO_SINGLE_GPU, first, share, row_max(free), total)
-    on_gpu = free[every, gpu]
-    if units <= share:  # everything it asks is reused
+    refuse(whole_short, WHOLE, first, w_init, completely, total)
+    if no_gpu.any():
+        refuse(no_gpu, NO_SINGLE_GPU, first, r_init, row_max(free), total)
+    placed_init = ~short_init & ~whole_short & ~no_gpu
+
+    # Where the init container's units are: its whole GPUs per NUMA column, and the
+    # GPU its remainder went to (position, NUMA column, completely free before).
+    numa_columns = fleet.numa_columns
+    whole_before = np.zeros((rows, numa_columns), dtype=np.int64)
+    g_gpu = np.full(rows, -1, dtype=np.int64)
+    g_column = np.full(rows, -1, dtype=np.int64)
+    g_free = np.zeros(rows, dtype=np.int64)  # its free units before
+    alone = np.flatnonzero(placed_init & (w_init == 0) & (r_init > 0))
+    if alone.size:
+        width = free.shape[1]
+        on = free[alone]
+        key = (on if policy == "binpack" else int(upg.max()) - on) * width + np.arange(width)
+        key[on < r_init[alone, None]] = BIG
+        g_gpu[alone] = key.argmin(axis=1)
+        g_column[alone] = fleet.numa[alone, g_gpu[alone]]
+    beside = np.flatnonzero(placed_init & (w_init > 0))
+    if beside.size:
+        whole_gpus = _whole_gpus(fleet, beside, w_init[beside], policy, pretaken=None)
+        whole_before[beside] = whole_gpus.taken
+        joined = np.flatnonzero(r_init[beside] > 0)
+        if joined.size:
+            part = whole_gpus
+            if joined.size < beside.size:  # nodes of other GPU sizes: some have no remainder
+                cells = np.arange(joined.size)[:, None] * numa_columns + fleet.numa[beside[joined]]
+                part = _WholeGpus(cells, whole_gpus.per_column[joined], whole_gpus.taken[joined])
+            value, gpu, column = _remainder_gpu(
+                fleet,
+                beside[joined],
+                r_init[beside[joined]],
+                policy,
+                part,
+                locate=True,
+                locate_complete=True,
+            )
+            assert gpu is not None
+            assert column is not None
+            where = beside[joined]
+            g_gpu[where] = np.where(gpu >= 0, gpu, -1)
+            g_column[where] = column
+            g_free[where] = value
+    has_g = g_column >= 0
+    g_free = np.where(g_gpu >= 0, free[every, np.maximum(g_gpu, 0)], g_free)
+    g_complete = has_g & (g_free == upg)
+
+    if units <= share:  # it reuses part of the init container's units, or all
+        many = placed_init & (held_gpus > 1) & (units < share)
+        refuse(many, REUSE, second, units, share, held_gpus)
+        fits = placed_init & ~many
         return FleetPlacement(
             outcome,
             container,
             numbers,
-            gpus_used=np.where(placed_init, 1, 0),
-            left_on_used=np.where(placed_init, on_gpu - share, 0),
-            units_taken=np.where(placed_init, share, 0),
+            gpus_used=np.where(fits, held_gpus, 0),
+            left_on_used=np.where(fits & has_g, g_free - r_init, 0),
+            units_taken=np.where(fits, share, 0),
         )
 
-    # 2. The container after it: ``share`` held on ``gpu``, ``units - share`` to place.
+    # The container after it holds all of it and needs ``units - share`` more.
+    more = units - share
     left_total = total - share
     short = placed_init & (units > total)
-    refuse(short, SHORT, second, units - share, left_total, fleet.unhealthy)
+    refuse(short, SHORT, second, more, left_total, fleet.unhealthy)
     alive = placed_init & ~short
     whole, rest = units // upg, units % upg
-    completely = row_count(free == upg[:, None])
-    anchored = on_gpu == upg  # the init container's GPU was completely free
-    fraction = whole == 0
-    enough_whole = ~fraction & (completely >= whole)
-    rest_beside = (rest == share) | ((rest > share) & (on_gpu >= rest))
+    anchored = ~has_g | g_complete
+    joins_g = anchored & has_g & (more < upg - r_init)  # the rest fits beside the share
+    extra = whole - held_gpus
     rest_anywhere = (
         (rest == 0)
         | (row_count((free < upg[:, None]) & (free >= rest[:, None])) > 0)
-        | (completely > whole)
+        | (completely - held_gpus > extra)
     )
-    fits_anchored = enough_whole & anchored & rest_anywhere
-    fits = alive & (
-        (fraction & (on_gpu >= units)) | (enough_whole & ~anchored & rest_beside) | fits_anchored
+    fits_anchored = anchored & ~joins_g & (completely - held_gpus >= extra) & rest_anywhere
+    more_whole, more_rest = more // upg, more % upg
+    fits_partly = (
+        has_g
+        & ~g_complete
+        & (r_init + more_rest < upg)
+        & (completely - w_init >= more_whole)
+        & ((more_rest == 0) | (g_free >= r_init + more_rest))
     )
+    fits = alive & (joins_g | fits_anchored | fits_partly)
     refused = alive & ~fits
     if refused.any():
-        after = free.copy()
-        after[every, gpu] -= share
-        completely_after = completely - anchored  # ``gpu`` is no longer completely free
+        completely_after = completely - w_init - g_complete
         short_whole = refused & (whole > 0) & (completely_after < whole)
         refuse(short_whole, WHOLE, second, whole, completely_after, left_total)
+        # the largest free after it: its whole GPUs are full, ``g`` has its share less
+        partly_free = np.where(complete, 0, free)
+        if g_gpu.size:
+            partly_free[every, np.maximum(g_gpu, 0)] = np.where(
+                g_gpu >= 0, 0, partly_free[every, np.maximum(g_gpu, 0)]
+            )
+        largest_after = np.maximum(
+            row_max(partly_free),
+            np.maximum(np.where(completely_after > 0, upg, 0), np.where(has_g, g_free - r_init, 0)),
+        )
         held = refused & ~short_whole
-        refuse(held, HELD, second, share, units - share, row_max(after), left_total)
+        refuse(held, HELD, second, share, more, largest_after, left_total)
 
-    # What the pod takes where it fits: ``units`` in all, on ``gpu``, whole GPUs and,
-    # beside an anchor, the GPU the remainder joins.
-    gpus_used = np.where(fraction, 1, whole + 1)
-    left = np.where(fraction, on_gpu - units, on_gpu - rest)
-    joined = np.flatnonzero(fits & fits_anchored & (rest > 0))
-    if joined.size:
-        anchor = fleet.numa[joined, gpu[joined]]
-        beside, _ = _beside_whole(fleet, joined, whole[joined], rest[joined], policy, anchor=anchor)
-        left[joined] = beside - rest[joined]
-    exact = fits_anchored & (rest == 0)  # only whole GPUs
+    # What the pod takes where it fits: ``units`` in all.
+    gpus_used = np.where(joins_g, held_gpus, whole + (rest > 0))
+    left = np.where(joins_g, upg - r_init - more, 0)
+    gpus_used = np.where(fits_partly, w_init + 1 + more_whole, gpus_used)
+    left = np.where(fits_partly, g_free - r_init - more_rest, left)
+    joined_rest = np.flatnonzero(fits & fits_anchored & (rest > 0))
+    if joined_rest.size:
+        pretaken = whole_before[joined_rest]
+        with_g = np.flatnonzero(has_g[joined_rest])
+        pretaken[with_g, g_column[joined_rest[with_g]]] += 1
+        value, _ = _beside_whole(
+            fleet,
+            joined_rest,
+            whole[joined_rest],
+            rest[joined_rest],
+            policy,
+            pretaken=pretaken,
+        )
+        left[joined_rest] = value - rest[joined_rest]
     return FleetPlacement(
         outcome,
         container,
         numbers,
-        gpus_used=np.where(fits, np.where(exact, whole, gpus_used), 0),
-        left_on_used=np.where(fits & ~exact, left, 0),
+        gpus_used=np.where(fits, gpus_used, 0),
+        left_on_used=np.where(fits, left, 0),
         units_taken=np.where(fits, units, 0),
     )
 
@@ -307,7 +387,7 @@ def _beside_whole(
     remainder: Ints,
     policy: AllocationPolicy,
     *,
-    anchor: Ints | None = None,
+    pretaken: Ints | None = None,
     locate: bool = False,
 ) -> tuple[Ints, Ints | None]:
     """Free units of the GPU a fraction joins when whole GPUs were taken first.
@@ -317,48 +397,81 @@ def _beside_whole(
     ties to the lower node), or else from the largest groups down; the
     fraction then prefers a GPU on a NUMA node the whole GPUs use.
 
-    ``anchor``: per row, the NUMA column of a completely free GPU the container
-    already holds part of (an init container's share it reuses). place_units
-    takes that GPU whole first and ranks its NUMA node before the others.
+    ``pretaken``: per row and NUMA column, completely free GPUs the container
+    already holds whole (an init container's units it reuses): place_units
+    takes them first and ranks their NUMA nodes before the others.
 
     With ``locate``, also that GPU's position when it is a partly used one (the
     lowest of equals on the NUMA nodes preferred, as place_units' key has it);
     -1 for a completely free GPU.
     """
+    whole_gpus = _whole_gpus(fleet, rows, whole, policy, pretaken=pretaken)
+    value, gpu, _ = _remainder_gpu(fleet, rows, remainder, policy, whole_gpus, locate=locate)
+    return value, gpu
+
+
+class _WholeGpus(NamedTuple):
+    """Where a container's whole GPUs are, per NUMA column, on some rows."""
+
+    cell: Ints
+    """Each GPU's (row, NUMA column) as one index (the rows' own numbering)."""
+    per_column: Ints
+    """Completely free GPUs per NUMA column, before."""
+    taken: Ints
+    """Whole GPUs the container holds per NUMA column, after (``pretaken`` included)."""
+
+
+def _whole_gpus(
+    fleet: Fleet, rows: Ints, whole: Ints, policy: AllocationPolicy, *, pretaken: Ints | None
+) -> _WholeGpus:
+    """place_units' whole-GPU step on ``rows``, as counts per NUMA column."""
     free = fleet.free[rows]
     upg = fleet.units_per_gpu[rows][:, None]
     width = free.shape[1]
-    columns = np.arange(fleet.numa_columns)
     # (row, NUMA node) as one index: per-node counts by bincount, a GPU's node by a
     # gather, no (rows, GPUs, NUMA nodes) arrays
     cell = np.arange(rows.size)[:, None] * fleet.numa_columns + fleet.numa[rows]
     per_column = per_numa(cell[free == upg], rows.size, fleet.numa_columns)
     want = whole[:, None]
     enough = per_column >= want
-    # A NUMA node's rank: (away from the anchor's, then fewer / more GPUs, then lower node)
-    away = (columns != anchor[:, None]) if anchor is not None else np.ones_like(enough)
-    rank = away * (2 * width + 2)
+    held = pretaken if pretaken is not None else np.zeros_like(per_column)
+    # A NUMA node's rank: (no GPU held there, then fewer / more GPUs, then lower node)
+    rank = (held == 0) * (2 * width + 2)
     home_key = rank + (per_column if policy == "binpack" else width - per_column)
     home = np.where(enough, home_key, BIG).argmin(axis=1)
-    taken = np.zeros_like(per_column)
-    taken[np.arange(rows.size), home] = whole
-    if anchor is not None:
-        # The anchor is one of the whole GPUs, taken first; the home node (another
-        # only when the anchor's has too few) gives the others.
-        moved = np.flatnonzero(home != anchor)
-        taken[moved, home[moved]] -= 1
-        taken[moved, anchor[moved]] += 1
-    # No NUMA node has enough: the anchor's node, then the largest groups, ties to
-    # the lower node.
+    # The GPUs held come first; the rest come from the home node when it has enough
+    # (it then has enough besides those held there), else from the nodes in rank order.
+    extra = whole - row_sum(held)
+    taken = held.copy()
+    taken[np.arange(rows.size), home] += extra
     short = ~enough.any(axis=1)
     if short.any():
         order = np.argsort((rank + width - per_column)[short], axis=1, kind="stable")
-        sizes = np.take_along_axis(per_column[short], order, axis=1)
+        sizes = np.take_along_axis((per_column - held)[short], order, axis=1)
         before = np.cumsum(sizes, axis=1) - sizes
-        used = np.clip(want[short] - before, 0, sizes)
+        used = np.clip(extra[short][:, None] - before, 0, sizes)
         spread_taken = np.zeros_like(sizes)
         np.put_along_axis(spread_taken, order, used, axis=1)
-        taken[short] = spread_taken
+        taken[short] = held[short] + spread_taken
+    return _WholeGpus(cell, per_column, taken)
+
+
+def _remainder_gpu(
+    fleet: Fleet,
+    rows: Ints,
+    remainder: Ints,
+    policy: AllocationPolicy,
+    whole_gpus: _WholeGpus,
+    *,
+    locate: bool,
+    locate_complete: bool = False,
+) -> tuple[Ints, Ints | None, Ints | None]:
+    """The GPU a remainder joins beside whole GPUs: its free units, and with ``locate``
+    its position when partly used (-1 for a completely free one) and, with
+    ``locate_complete`` too, its NUMA column either way."""
+    free = fleet.free[rows]
+    upg = fleet.units_per_gpu[rows][:, None]
+    cell, per_column, taken = whole_gpus
     # The remainder: a partly used GPU that holds it, or a completely free one left
     # on a NUMA node; on the nodes the whole GPUs use if any GPU there holds it.
     fits = (free < upg) & (free >= remainder[:, None])
@@ -382,7 +495,28 @@ def _beside_whole(
         has_preferred = preferred >= 0
     value: Ints = np.where(has_preferred, preferred, anywhere)
     if not locate:
-        return value, None
-    match = fits & (on_used | ~has_preferred[:, None]) & (free == value[:, None])
-    gpu: Ints = np.where(value < top, match.argmax(axis=1), -1)
-    return value, gpu
+        return value, None, None
+    looked_at = on_used | ~has_preferred[:, None]
+    match = fits & looked_at & (free == value[:, None])
+    partly = value < top
+    gpu: Ints = np.where(partly, match.argmax(axis=1), -1)
+    if not locate_complete:
+        return value, gpu, None
+    numa = fleet.numa[rows]
+    every = np.arange(rows.size)
+    column: Ints = np.where(partly, numa[every, np.maximum(gpu, 0)], -1)
+    whole_rows = np.flatnonzero(~partly)
+    if whole_rows.size:
+        # A completely free GPU: the lowest left on the NUMA nodes looked at. The
+        # whole GPUs taken on a node are its first completely free ones by position.
+        complete = free[whole_rows] == upg[whole_rows]
+        place = np.zeros(complete.shape, dtype=np.int64)  # rank among its node's
+        for node in range(fleet.numa_columns):
+            on_node = complete & (numa[whole_rows] == node)
+            place += np.where(on_node, np.cumsum(on_node, axis=1) - 1, 0)
+        local = np.arange(whole_rows.size)[:, None] * fleet.numa_columns + numa[whole_rows]
+        gone = taken[whole_rows].ravel()[local]  # whole GPUs taken on each GPU's node
+        left = complete & looked_at[whole_rows] & (place >= gone)
+        first = left.argmax(axis=1)
+        column[whole_rows] = numa[whole_rows, first]
+    return value, gpu, column

@@ -101,10 +101,12 @@ def test_every_node_gets_place_pods_answer(
 
 @st.composite
 def init_then_one(draw: st.DrawFn, upg: int) -> list[ContainerRequest]:
-    """An init container's share below a GPU, reused by one container after it."""
-    share = draw(st.integers(1, upg - 1))
-    special = [share, upg, 2 * upg, upg + share, 2 * upg + share, upg + share // 2]
-    units = draw(st.one_of(st.integers(1, 3 * upg), st.sampled_from(special)))
+    """An init container's share (below a GPU or not), reused by one container after it."""
+    share = draw(
+        st.one_of(st.integers(1, upg - 1), st.integers(1, 3 * upg), st.sampled_from([upg, 2 * upg]))
+    )
+    special = [share, share - 1, upg, 2 * upg, upg + share, 2 * upg + share, share + upg // 2]
+    units = draw(st.one_of(st.integers(1, 4 * upg), st.sampled_from([n for n in special if n])))
     then: ContainerKind = draw(st.sampled_from(["app", "sidecar"]))
     return [ContainerRequest("warmup", "init", share), ContainerRequest("main", then, units)]
 
@@ -225,6 +227,23 @@ def app(units: int) -> list[ContainerRequest]:
         # ... with the remainder (20) below the share (30) the whole-GPU loop stops a
         # GPU short, and 90 more fit on no partly used GPU: refused
         ([ContainerRequest("warmup", "init", 30), *app(120)], (100, gpus(100, 100, 60))),
+        # an init container of 1.5 GPUs reused by an app of 2.3: both held GPUs first,
+        # then the app's third GPU and its remainder beside them
+        (
+            [ContainerRequest("load", "init", 150), *app(230)],
+            (100, gpus(100, 60, 100, 100, 45, numa=(0, 0, 1, 1, 1))),
+        ),
+        # ... by an app of 1.2: part of units on two GPUs, which the kubelet picks in no
+        # fixed order: refused
+        ([ContainerRequest("load", "init", 150), *app(120)], (100, gpus(100, 60, 100))),
+        # an init container of one GPU, an app of half: it reuses half of that GPU
+        ([ContainerRequest("load", "init", 100), *app(50)], (100, gpus(100, 60))),
+        # spread: the init container's remainder went to a completely free GPU on NUMA
+        # node 1, so node 1 is where the app's whole GPUs go first
+        (
+            [ContainerRequest("load", "init", 130), *app(330)],
+            (100, gpus(100, 100, 100, 100, 100, 70, numa=(0, 0, 1, 1, 1, 0))),
+        ),
         # a sidecar's share, then the app's fraction on another GPU (the tighter 40) ...
         ([ContainerRequest("proxy", "sidecar", 10), *app(30)], (100, gpus(40, 35))),
         # ... or on the sidecar's GPU, then one GPU for both
