@@ -134,6 +134,15 @@ def pod(
     return {"metadata": {"name": name, "namespace": "bench", "uid": uid}, "spec": spec}
 
 
+def decide_ms(core: ExtenderCore, the_pod: dict[str, object], names: list[str]) -> float:
+    """Filter then prioritize for one pod, as kube-scheduler calls them: milliseconds."""
+    args = ExtenderArgs(Pod=the_pod, NodeNames=names)
+    start = time.perf_counter()
+    core.filter(args)
+    core.prioritize(args)
+    return (time.perf_counter() - start) * 1000
+
+
 def baseline_fit(core: ExtenderCore, names: list[str], units: int) -> list[str]:
     """NodeResourcesFit's arithmetic for one resource, over the same ledger."""
     fits = []
@@ -220,27 +229,15 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
             start = time.perf_counter()
             baseline_fit(core, candidates, units)
             base.append((time.perf_counter() - start) * 1000)
-            args = ExtenderArgs(Pod=pod(70, name="worker", uid=f"r{k}"), NodeNames=candidates)
-            start = time.perf_counter()
-            core.filter(args)
-            core.prioritize(args)
-            repeated.append((time.perf_counter() - start) * 1000)
+            repeated.append(decide_ms(core, pod(70, name="worker", uid=f"r{k}"), candidates))
             other = f"deploy{count}-{k}"  # a common size, names no pod had
-            args = ExtenderArgs(Pod=pod(units, name=other, uid=other), NodeNames=candidates)
-            start = time.perf_counter()
-            core.filter(args)
-            core.prioritize(args)
-            renamed.append((time.perf_counter() - start) * 1000)
+            renamed.append(decide_ms(core, pod(units, name=other, uid=other), candidates))
             fresh_name = f"job{count}-{k}"
             # units no pod asked for before (1..rounds, never a common size above)
             fresh_units = 1 + k if 1 + k not in [*sizes, 70] else 1000 + k
-            args = ExtenderArgs(
-                Pod=pod(fresh_units, name=fresh_name, uid=fresh_name), NodeNames=candidates
+            fresh.append(
+                decide_ms(core, pod(fresh_units, name=fresh_name, uid=fresh_name), candidates)
             )
-            start = time.perf_counter()
-            core.filter(args)
-            core.prioritize(args)
-            fresh.append((time.perf_counter() - start) * 1000)
         one_gc = pauses.take()
         # Pods with GPUs in two containers, in a phase of their own (node by node,
         # their memo grows the heap, and the collector's passes over it land on
@@ -248,60 +245,53 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
         for k in range(0, rounds, two_every):
             changed = rnd.choice(names)
             core.ledger.set_node(changed, node_ledger(rnd, changed))
-            args = ExtenderArgs(
-                Pod=pod(70, name="tuned", uid=f"t{count}-{k}", init_units=20),
-                NodeNames=candidates,
+            two_repeated.append(
+                decide_ms(
+                    core, pod(70, name="tuned", uid=f"t{count}-{k}", init_units=20), candidates
+                )
             )
-            start = time.perf_counter()
-            core.filter(args)
-            core.prioritize(args)
-            two_repeated.append((time.perf_counter() - start) * 1000)
             fresh_units = 1 + k if 1 + k not in [*sizes, 70] else 1000 + k
-            args = ExtenderArgs(
-                Pod=pod(fresh_units, name=f"tjob{count}-{k}", uid=f"tj{count}-{k}", init_units=5),
-                NodeNames=candidates,
+            two_fresh.append(
+                decide_ms(
+                    core,
+                    pod(fresh_units, name=f"tjob{count}-{k}", uid=f"tj{count}-{k}", init_units=5),
+                    candidates,
+                )
             )
-            start = time.perf_counter()
-            core.filter(args)
-            core.prioritize(args)
-            two_fresh.append((time.perf_counter() - start) * 1000)
-            args = ExtenderArgs(
-                Pod=pod(
-                    fresh_units, name=f"sjob{count}-{k}", uid=f"sj{count}-{k}", sidecar_units=10
-                ),
-                NodeNames=candidates,
+            sidecar_fresh.append(
+                decide_ms(
+                    core,
+                    pod(
+                        fresh_units, name=f"sjob{count}-{k}", uid=f"sj{count}-{k}", sidecar_units=10
+                    ),
+                    candidates,
+                )
             )
-            start = time.perf_counter()
-            core.filter(args)
-            core.prioritize(args)
-            sidecar_fresh.append((time.perf_counter() - start) * 1000)
-            args = ExtenderArgs(
-                Pod=pod(
-                    150 + fresh_units,
-                    name=f"rjob{count}-{k}",
-                    uid=f"rj{count}-{k}",
-                    init_units=150,
-                ),
-                NodeNames=candidates,
+            whole_init_fresh.append(
+                decide_ms(
+                    core,
+                    pod(
+                        150 + fresh_units,
+                        name=f"rjob{count}-{k}",
+                        uid=f"rj{count}-{k}",
+                        init_units=150,
+                    ),
+                    candidates,
+                )
             )
-            start = time.perf_counter()
-            core.filter(args)
-            core.prioritize(args)
-            whole_init_fresh.append((time.perf_counter() - start) * 1000)
-            args = ExtenderArgs(
-                Pod=pod(
-                    150 + fresh_units,
-                    name=f"xjob{count}-{k}",
-                    uid=f"xj{count}-{k}",
-                    init_units=150,
-                    sidecar_units=10,
-                ),
-                NodeNames=candidates,
+            replay_fresh.append(
+                decide_ms(
+                    core,
+                    pod(
+                        150 + fresh_units,
+                        name=f"xjob{count}-{k}",
+                        uid=f"xj{count}-{k}",
+                        init_units=150,
+                        sidecar_units=10,
+                    ),
+                    candidates,
+                )
             )
-            start = time.perf_counter()
-            core.filter(args)
-            core.prioritize(args)
-            replay_fresh.append((time.perf_counter() - start) * 1000)
         two_gc = pauses.take()
         print(row("baseline: total-free check per node", base))
         print(row("repeated ask (one node changed per pod)", repeated, FILTER_TARGET_MS))

@@ -151,6 +151,27 @@ def record_refusal(
         numbers[hit, column] = value[hit] if isinstance(value, np.ndarray) else value
 
 
+def placed_where(
+    answer: tuple[Ints, Ints, Ints],
+    fits: Bools,
+    *,
+    gpus_used: Ints | int,
+    left_on_used: Ints | int,
+    units_taken: Ints | int,
+) -> FleetPlacement:
+    """A placement from (outcome, container, numbers) and what the pod takes on the
+    rows it fits (0 on the others, as the scores expect)."""
+    outcome, container, numbers = answer
+    return FleetPlacement(
+        outcome,
+        container,
+        numbers,
+        gpus_used=np.where(fits, gpus_used, 0),
+        left_on_used=np.where(fits, left_on_used, 0),
+        units_taken=np.where(fits, units_taken, 0),
+    )
+
+
 def with_free(fleet: Fleet, free: Ints) -> Fleet:
     """The same nodes with other free units (what is left after some containers)."""
     return Fleet(

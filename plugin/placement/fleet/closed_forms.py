@@ -30,6 +30,7 @@ from plugin.placement.fleet.arrays import (
     FleetPlacement,
     Ints,
     per_numa,
+    placed_where,
     record_refusal,
     row_count,
     row_max,
@@ -184,13 +185,12 @@ def without_reuse(
     before_left = row_sum(np.where(used, free, 0))
     left_on_used = before_left + final.left_on_used - np.where(joined_before, joined_free, 0)
     earlier = sum(containers[i].units for i in asking[:-1])
-    return FleetPlacement(
-        outcome,
-        container,
-        numbers,
-        gpus_used=np.where(fits, gpus_used, 0),
-        left_on_used=np.where(fits, left_on_used, 0),
-        units_taken=np.where(fits, earlier + units, 0),
+    return placed_where(
+        (outcome, container, numbers),
+        fits,
+        gpus_used=gpus_used,
+        left_on_used=left_on_used,
+        units_taken=earlier + units,
     )
 
 
@@ -299,13 +299,12 @@ def init_then_one(
         many = placed_init & (held_gpus > 1) & (units < share)
         refuse(many, REUSE, second, units, share, held_gpus)
         fits = placed_init & ~many
-        return FleetPlacement(
-            outcome,
-            container,
-            numbers,
-            gpus_used=np.where(fits, held_gpus, 0),
-            left_on_used=np.where(fits & has_g, g_free - r_init, 0),
-            units_taken=np.where(fits, share, 0),
+        return placed_where(
+            (outcome, container, numbers),
+            fits,
+            gpus_used=held_gpus,
+            left_on_used=np.where(has_g, g_free - r_init, 0),
+            units_taken=share,
         )
 
     # The container after it holds all of it and needs ``units - share`` more.
@@ -370,13 +369,12 @@ def init_then_one(
             pretaken=pretaken,
         )
         left[joined_rest] = value - rest[joined_rest]
-    return FleetPlacement(
-        outcome,
-        container,
-        numbers,
-        gpus_used=np.where(fits, gpus_used, 0),
-        left_on_used=np.where(fits, left, 0),
-        units_taken=np.where(fits, units, 0),
+    return placed_where(
+        (outcome, container, numbers),
+        fits,
+        gpus_used=gpus_used,
+        left_on_used=left,
+        units_taken=units,
     )
 
 
