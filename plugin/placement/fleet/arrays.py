@@ -137,6 +137,16 @@ def with_taken(
     )
 
 
+def blank_answer(rows: int) -> tuple[Ints, Ints, Ints]:
+    """(outcome, container, numbers) for ``rows`` nodes before any refusal: every row
+    fits, no container refused, no numbers; :func:`record_refusal` fills them in."""
+    return (
+        np.full(rows, FITS, dtype=np.int64),
+        np.full(rows, -1, dtype=np.int64),
+        np.zeros((rows, 4), dtype=np.int64),
+    )
+
+
 def record_refusal(
     answer: tuple[Ints, Ints, Ints], mask: Bools, kind: int, index: int, *values: Ints | int
 ) -> None:
@@ -169,18 +179,6 @@ def placed_where(
         gpus_used=np.where(fits, gpus_used, 0),
         left_on_used=np.where(fits, left_on_used, 0),
         units_taken=np.where(fits, units_taken, 0),
-    )
-
-
-def with_free(fleet: Fleet, free: Ints) -> Fleet:
-    """The same nodes with other free units (what is left after some containers)."""
-    return Fleet(
-        free=free,
-        numa=fleet.numa,
-        units_per_gpu=fleet.units_per_gpu,
-        unhealthy=fleet.unhealthy,
-        healthy=fleet.healthy,
-        numa_columns=fleet.numa_columns,
     )
 
 

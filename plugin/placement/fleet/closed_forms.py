@@ -18,6 +18,7 @@ Each is held to place_pod by a hypothesis test of its own in
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -29,13 +30,13 @@ from plugin.placement.fleet.arrays import (
     Fleet,
     FleetPlacement,
     Ints,
+    blank_answer,
     per_numa,
     placed_where,
     record_refusal,
     row_count,
     row_max,
     row_sum,
-    with_free,
 )
 from plugin.placement.pod import ContainerRequest
 from plugin.placement.refusals import FITS, HELD, NO_SINGLE_GPU, REUSE, SHORT, WHOLE
@@ -64,41 +65,19 @@ def one_container_located(
     ``locate`` off)."""
     free = fleet.free
     upg = fleet.units_per_gpu
-    whole = units // upg
-    remainder = units % upg
-    rows = free.shape[0]
+    answer = blank_answer(free.shape[0])
     total = row_sum(free)
     completely = row_count(free == upg[:, None])
-    partial_fit = (free < upg[:, None]) & (free >= remainder[:, None]) & (remainder[:, None] > 0)
-    remainder_ok = (remainder == 0) | (row_count(partial_fit) > 0) | (completely > whole)
-    short = units > total
-    short_whole = ~short & (completely < whole)
-    no_single = ~short & ~short_whole & ~remainder_ok
-    outcome = np.full(rows, FITS, dtype=np.int64)
-    container = np.full(rows, -1, dtype=np.int64)
-    numbers = np.zeros((rows, 4), dtype=np.int64)
-    answer = (outcome, container, numbers)
-    if short.any():
-        record_refusal(answer, short, SHORT, index, units, total, fleet.unhealthy)
-    if short_whole.any():
-        record_refusal(answer, short_whole, WHOLE, index, whole, completely, total)
-    if no_single.any():
-        largest = np.zeros_like(total)
-        largest[no_single] = row_max(free[no_single])
-        record_refusal(answer, no_single, NO_SINGLE_GPU, index, remainder, largest, total)
-    fits = outcome == FITS
+    fits, whole, remainder = _refuse_alone(
+        fleet, answer, index, units, total=total, completely=completely
+    )
     remainder_free = np.zeros_like(total)
     gpu = np.full(free.shape[0], -1, dtype=np.int64)
     with_fraction = fits & (remainder > 0)
     alone = np.flatnonzero(with_fraction & (whole == 0))
     if alone.size:
         on = free[alone]
-        if policy == "binpack":
-            key = on * free.shape[1] + np.arange(free.shape[1])
-            key[on < remainder[alone, None]] = BIG
-            pick = key.argmin(axis=1)  # the tightest, the lowest of equals
-        else:
-            pick = on.argmax(axis=1)  # the freest, the lowest of equals
+        pick, _ = _share_gpu(on, remainder[alone], policy, int(upg.max()))
         remainder_free[alone] = on[np.arange(alone.size), pick]
         gpu[alone] = pick
     beside = np.flatnonzero(with_fraction & (whole > 0))
@@ -108,15 +87,59 @@ def one_container_located(
         )
         if located is not None:
             gpu[beside] = located
-    placed = FleetPlacement(
-        outcome,
-        container,
-        numbers,
-        gpus_used=np.where(fits, whole + (remainder > 0), 0),
-        left_on_used=np.where(with_fraction, remainder_free - remainder, 0),
-        units_taken=np.where(fits, units, 0),
+    placed = placed_where(
+        answer,
+        fits,
+        gpus_used=whole + (remainder > 0),
+        left_on_used=np.where(remainder > 0, remainder_free - remainder, 0),
+        units_taken=units,
     )
     return placed, gpu
+
+
+def _refuse_alone(
+    fleet: Fleet,
+    answer: tuple[Ints, Ints, Ints],
+    index: int,
+    units: int,
+    *,
+    total: Ints,
+    completely: Ints,
+) -> tuple[Bools, Ints, Ints]:
+    """place_pod's refusals of a container placed with nothing held, in ``answer``.
+
+    For ``units = w × U + r``: short of units in all; fewer than ``w`` completely
+    free GPUs; or a remainder no partly used GPU holds and no completely free GPU
+    is left for. Returns the rows it fits, ``w`` and ``r`` per row.
+    """
+    free = fleet.free
+    upg = fleet.units_per_gpu
+    whole, remainder = units // upg, units % upg
+    partial_fit = (free < upg[:, None]) & (free >= remainder[:, None]) & (remainder[:, None] > 0)
+    remainder_ok = (remainder == 0) | (row_count(partial_fit) > 0) | (completely > whole)
+    short = units > total
+    short_whole = ~short & (completely < whole)
+    no_single = ~short & ~short_whole & ~remainder_ok
+    record_refusal(answer, short, SHORT, index, units, total, fleet.unhealthy)
+    record_refusal(answer, short_whole, WHOLE, index, whole, completely, total)
+    if no_single.any():  # the largest free GPU, on the rows that quote it only
+        largest = np.zeros_like(total)
+        largest[no_single] = row_max(free[no_single])
+        record_refusal(answer, no_single, NO_SINGLE_GPU, index, remainder, largest, total)
+    return ~short & ~short_whole & ~no_single, whole, remainder
+
+
+def _share_gpu(
+    free: Ints, share: Ints | int, policy: AllocationPolicy, top: int
+) -> tuple[Ints, Bools]:
+    """The GPU place_units gives a share below a GPU when nothing is held: the
+    tightest that holds it (binpack) or the freest (spread; ``top`` is at least any
+    free count), the lowest of equals; and per row whether any GPU holds it."""
+    rows, width = free.shape
+    key = (free if policy == "binpack" else top - free) * width + np.arange(width)
+    key[free < (share[:, None] if isinstance(share, np.ndarray) else share)] = BIG
+    gpu = key.argmin(axis=1)
+    return gpu, key[np.arange(rows), gpu] < BIG
 
 
 def without_reuse(
@@ -141,34 +164,29 @@ def without_reuse(
     if not rows or not width or max(containers[i].units for i in asking[:-1]) >= int(upg.min()):
         return None
     every = np.arange(rows)
-    outcome = np.full(rows, FITS, dtype=np.int64)
-    container = np.full(rows, -1, dtype=np.int64)
-    numbers = np.zeros((rows, 4), dtype=np.int64)
+    answer = blank_answer(rows)
+    outcome, container, numbers = answer
     alive = np.ones(rows, dtype=np.bool_)
     used = np.zeros(free.shape, dtype=np.bool_)  # GPUs the containers before the last use
-    positions = np.arange(width)
     top = int(upg.max())
     for index in asking[:-1]:
         share = containers[index].units
         total = row_sum(free)
-        key = (free if policy == "binpack" else top - free) * width + positions
-        key[free < share] = BIG
-        gpu = key.argmin(axis=1)
+        gpu, holds = _share_gpu(free, share, policy, top)
         short = alive & (share > total)
-        no_gpu = alive & ~short & (key[every, gpu] >= BIG)
-        refused = (outcome, container, numbers)
-        if short.any():
-            record_refusal(refused, short, SHORT, index, share, total, fleet.unhealthy)
+        no_gpu = alive & ~short & ~holds
+        record_refusal(answer, short, SHORT, index, share, total, fleet.unhealthy)
         if no_gpu.any():
-            record_refusal(refused, no_gpu, NO_SINGLE_GPU, index, share, row_max(free), total)
+            record_refusal(answer, no_gpu, NO_SINGLE_GPU, index, share, row_max(free), total)
         alive &= ~short & ~no_gpu
         placed = np.flatnonzero(alive)
         free[placed, gpu[placed]] -= share
         used[placed, gpu[placed]] = True
     last = asking[-1]
     units = containers[last].units
-    left = with_free(fleet, free)
-    final, joins = one_container_located(left, last, units, policy, locate=True)
+    final, joins = one_container_located(
+        replace(fleet, free=free), last, units, policy, locate=True
+    )
     refused_last = alive & (final.outcome != FITS)
     outcome[refused_last] = final.outcome[refused_last]
     container[refused_last] = last
@@ -186,7 +204,7 @@ def without_reuse(
     left_on_used = before_left + final.left_on_used - np.where(joined_before, joined_free, 0)
     earlier = sum(containers[i].units for i in asking[:-1])
     return placed_where(
-        (outcome, container, numbers),
+        answer,
         fits,
         gpus_used=gpus_used,
         left_on_used=left_on_used,
@@ -221,35 +239,19 @@ def init_then_one(
     free = fleet.free
     upg = fleet.units_per_gpu
     rows = free.shape[0]
-    every = np.arange(rows)
     total = row_sum(free)
     complete = free == upg[:, None]
     completely = row_count(complete)
-    outcome = np.full(rows, FITS, dtype=np.int64)
-    container = np.full(rows, -1, dtype=np.int64)
-    numbers = np.zeros((rows, 4), dtype=np.int64)
+    answer = blank_answer(rows)
 
     def refuse(mask: Bools, kind: int, index: int, *values: Ints | int) -> None:
-        record_refusal((outcome, container, numbers), mask, kind, index, *values)
+        record_refusal(answer, mask, kind, index, *values)
 
-    # 1. The init container, by the one-container rules (:func:`one_container`).
-    w_init, r_init = share // upg, share % upg
-    held_gpus = w_init + (r_init > 0)  # GPUs the init container's units go to
-    partial_fit = (free < upg[:, None]) & (free >= r_init[:, None]) & (r_init[:, None] > 0)
-    short_init = share > total
-    whole_short = ~short_init & (completely < w_init)
-    no_gpu = (
-        ~short_init
-        & ~whole_short
-        & (r_init > 0)
-        & (row_count(partial_fit) == 0)
-        & (completely <= w_init)
+    # 1. The init container, by the one-container rules.
+    placed_init, w_init, r_init = _refuse_alone(
+        fleet, answer, first, share, total=total, completely=completely
     )
-    refuse(short_init, SHORT, first, share, total, fleet.unhealthy)
-    refuse(whole_short, WHOLE, first, w_init, completely, total)
-    if no_gpu.any():
-        refuse(no_gpu, NO_SINGLE_GPU, first, r_init, row_max(free), total)
-    placed_init = ~short_init & ~whole_short & ~no_gpu
+    held_gpus = w_init + (r_init > 0)  # GPUs the init container's units go to
 
     # Where the init container's units are: its whole GPUs per NUMA column, and the
     # GPU its remainder went to (position, NUMA column, completely free before).
@@ -260,39 +262,32 @@ def init_then_one(
     g_free = np.zeros(rows, dtype=np.int64)  # its free units before
     alone = np.flatnonzero(placed_init & (w_init == 0) & (r_init > 0))
     if alone.size:
-        width = free.shape[1]
-        on = free[alone]
-        key = (on if policy == "binpack" else int(upg.max()) - on) * width + np.arange(width)
-        key[on < r_init[alone, None]] = BIG
-        g_gpu[alone] = key.argmin(axis=1)
+        g_gpu[alone], _ = _share_gpu(free[alone], r_init[alone], policy, int(upg.max()))
         g_column[alone] = fleet.numa[alone, g_gpu[alone]]
+        g_free[alone] = free[alone, g_gpu[alone]]
     beside = np.flatnonzero(placed_init & (w_init > 0))
     if beside.size:
         whole_gpus = _whole_gpus(fleet, beside, w_init[beside], policy, pretaken=None)
         whole_before[beside] = whole_gpus.taken
         joined = np.flatnonzero(r_init[beside] > 0)
         if joined.size:
-            part = whole_gpus
-            if joined.size < beside.size:  # nodes of other GPU sizes: some have no remainder
-                cells = np.arange(joined.size)[:, None] * numa_columns + fleet.numa[beside[joined]]
-                part = _WholeGpus(cells, whole_gpus.per_column[joined], whole_gpus.taken[joined])
+            # on every row of ``beside`` (rows without a remainder are not read)
             value, gpu, column = _remainder_gpu(
                 fleet,
-                beside[joined],
-                r_init[beside[joined]],
+                beside,
+                r_init[beside],
                 policy,
-                part,
+                whole_gpus,
                 locate=True,
                 locate_complete=True,
             )
             assert gpu is not None
             assert column is not None
             where = beside[joined]
-            g_gpu[where] = np.where(gpu >= 0, gpu, -1)
-            g_column[where] = column
-            g_free[where] = value
+            g_gpu[where] = gpu[joined]
+            g_column[where] = column[joined]
+            g_free[where] = value[joined]
     has_g = g_column >= 0
-    g_free = np.where(g_gpu >= 0, free[every, np.maximum(g_gpu, 0)], g_free)
     g_complete = has_g & (g_free == upg)
 
     if units <= share:  # it reuses part of the init container's units, or all
@@ -300,7 +295,7 @@ def init_then_one(
         refuse(many, REUSE, second, units, share, held_gpus)
         fits = placed_init & ~many
         return placed_where(
-            (outcome, container, numbers),
+            answer,
             fits,
             gpus_used=held_gpus,
             left_on_used=np.where(has_g, g_free - r_init, 0),
@@ -339,10 +334,8 @@ def init_then_one(
         refuse(short_whole, WHOLE, second, whole, completely_after, left_total)
         # the largest free after it: its whole GPUs are full, ``g`` has its share less
         partly_free = np.where(complete, 0, free)
-        if g_gpu.size:
-            partly_free[every, np.maximum(g_gpu, 0)] = np.where(
-                g_gpu >= 0, 0, partly_free[every, np.maximum(g_gpu, 0)]
-            )
+        on_g = np.flatnonzero(g_gpu >= 0)
+        partly_free[on_g, g_gpu[on_g]] = 0  # counted below, less its share
         largest_after = np.maximum(
             row_max(partly_free),
             np.maximum(np.where(completely_after > 0, upg, 0), np.where(has_g, g_free - r_init, 0)),
@@ -370,7 +363,7 @@ def init_then_one(
         )
         left[joined_rest] = value - rest[joined_rest]
     return placed_where(
-        (outcome, container, numbers),
+        answer,
         fits,
         gpus_used=gpus_used,
         left_on_used=left,

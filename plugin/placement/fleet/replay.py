@@ -22,6 +22,7 @@ from plugin.placement.fleet.arrays import (
     Fleet,
     FleetPlacement,
     Ints,
+    blank_answer,
     cells_of,
     per_numa,
     row_count,
@@ -44,9 +45,7 @@ def replay_pod(
     a pod whose first container rules out half the nodes costs half as much after.
     """
     rows = fleet.free.shape[0]
-    outcome = np.zeros(rows, dtype=np.int64)
-    refused_container = np.full(rows, -1, dtype=np.int64)
-    numbers = np.zeros((rows, 4), dtype=np.int64)
+    outcome, refused_container, numbers = blank_answer(rows)
     here = fleet
     row_of = np.arange(rows)
     upg = here.units_per_gpu[:, None]
@@ -137,9 +136,7 @@ def row_by_row(
     their number shows, in a refusal).
     """
     rows, width = fleet.free.shape
-    outcome = np.zeros(rows, dtype=np.int64)
-    container = np.full(rows, -1, dtype=np.int64)
-    numbers = np.zeros((rows, 4), dtype=np.int64)
+    outcome, container, numbers = blank_answer(rows)
     taken = np.zeros((rows, width), dtype=np.int64)
     for row in range(rows):
         free = fleet.free[row].tolist()
