@@ -8,11 +8,12 @@ a :class:`ReviewError`, which the HTTP adapter turns into a 400, the first of
 the two error channels. The second channel, a policy denial, is an ordinary
 response built by :func:`build_response` with ``allowed: false``.
 
-JSON goes through orjson both ways: it parses the ~3.5 KB review a real API
-server sends about twice as fast as the standard library and encodes the
-answer several times faster (``docs/benchmarks.md`` has what each step of a
-review costs). What it accepts and writes is pinned to the standard
-library's (``tests/webhook/test_review.py``, ``test_review_hypothesis.py``):
+JSON goes through orjson both ways (:mod:`plugin.api.jsonwire`, shared with the
+scheduler extender): it parses the ~3.5 KB review a real API server sends
+about twice as fast as the standard library and encodes the answer several
+times faster (``docs/benchmarks.md`` has what each step of a review costs).
+What it accepts and writes is pinned to the standard library's
+(``tests/webhook/test_review.py``, ``test_review_hypothesis.py``):
 
 * a body orjson refuses is answered 400, with the standard library's message
   where it refuses too (it says where the mistake is), else orjson's. So what
@@ -35,12 +36,10 @@ library's (``tests/webhook/test_review.py``, ``test_review_hypothesis.py``):
 from __future__ import annotations
 
 import binascii
-import json
 from collections.abc import Sequence
 from typing import Any, Final, Literal, NotRequired, TypedDict, cast
 
-import orjson
-
+from plugin.api import jsonwire
 from webhook.clienttext import MAX_MESSAGE_BYTES, trim_text
 from webhook.rules import Decision, Denial, PatchOperation
 
@@ -125,15 +124,6 @@ class UnsupportedReviewError(ReviewError):
     """Valid JSON, but not ``admission.k8s.io/v1`` ``AdmissionReview``."""
 
 
-_DEPTH_LIMIT: Final = 1024
-"""orjson's nesting limit; deeper documents are refused (the standard library's was about 1000)."""
-
-_FALLBACK_ENCODER: Final = json.JSONEncoder(
-    separators=(",", ":"), ensure_ascii=False, check_circular=False
-)
-"""For the one value orjson refuses to encode and JSON allows: an integer wider than
-64 bits (a ``tolerationSeconds`` from the config, say). Never on the hot path."""
-
 MAX_WARNINGS: Final = 20
 MAX_WARNING_CHARS: Final = 256
 """The API server may truncate warnings beyond these sizes; trimming here keeps
@@ -147,39 +137,11 @@ def decode_review(body: bytes) -> AdmissionRequest:
 
 def decode_json(body: bytes) -> object:
     """The JSON document in ``body``; :class:`ReviewError` for a body that is not UTF-8
-    RFC 8259 JSON (see the module docstring for how that differs from ``json.loads``)."""
+    RFC 8259 JSON (:mod:`plugin.api.jsonwire` says how that differs from ``json.loads``)."""
     try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise _not_json(body, exc) from exc
-
-
-def _not_json(body: bytes, exc: orjson.JSONDecodeError) -> MalformedReviewError:
-    """Why ``body`` is refused, in the clearest words available (the error path only)."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as bad:
-        return MalformedReviewError(f"request body is not UTF-8 JSON: {bad}")
-    try:
-        json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as std:
-        return MalformedReviewError(f"request body is not JSON: {std}")
-    except RecursionError:
-        return MalformedReviewError(
-            f"request body is nested too deeply to be a review (more than {_DEPTH_LIMIT} levels)"
-        )
-    except _NotJsonConstantError as constant:
-        return MalformedReviewError(f"request body is not JSON: {constant}")
-    # What only orjson refuses: lone surrogates, numbers beyond a double.
-    return MalformedReviewError(f"request body is not JSON: {exc}")
-
-
-class _NotJsonConstantError(ValueError):
-    pass
-
-
-def _refuse_constant(name: str) -> object:
-    raise _NotJsonConstantError(f"{name} is not a JSON number (JSON has no NaN or Infinity)")
+        return jsonwire.loads(body, what="a review")
+    except jsonwire.JsonBodyError as exc:
+        raise MalformedReviewError(str(exc)) from exc
 
 
 def parse_review(data: object) -> AdmissionRequest:
@@ -251,10 +213,7 @@ def encode_patch(patch: Sequence[PatchOperation]) -> bytes:
 def _dumps(value: object) -> bytes:
     """Compact UTF-8 JSON, as ``json.dumps(ensure_ascii=False)`` writes it, byte for byte, for
     what answers hold: strings, integers, booleans, null (no floats: orjson writes ``1e16``)."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return _FALLBACK_ENCODER.encode(value).encode()
+    return jsonwire.dumps(value)
 
 
 def build_response(uid: str, decision: Decision) -> AdmissionReview:

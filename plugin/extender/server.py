@@ -10,6 +10,11 @@
   the reason in ``FailedNodes`` / ``Error``, which kube-scheduler puts in the
   pod's FailedScheduling event.
 
+Bodies are read and answers written by :mod:`plugin.api.jsonwire` (orjson), as
+the webhook's are: the answers run to 35-80 KB at 1,000 nodes, which the
+standard library encodes in about half a millisecond per call, orjson in a
+twentieth of that.
+
 ``GET /healthz`` (the process answers), ``/readyz`` (Nodes and Pods listed)
 and ``/metrics`` share the port. TLS is optional: the chart runs the extender
 as a sidecar of kube-scheduler and listens on loopback.
@@ -29,6 +34,7 @@ from typing import Final, Protocol
 
 from aiohttp import web
 
+from plugin.api import jsonwire
 from plugin.extender.config import ExtenderConfig
 from plugin.extender.metrics import METRICS_CONTENT_TYPE, ExtenderMetrics, Verb
 from plugin.extender.protocol import (
@@ -99,9 +105,9 @@ async def _serve(
                 f"({state.config.max_body_bytes} bytes)\n",
             )
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return _bad_request(verb, f"{verb}: request body is not JSON: {exc}")
+            body = jsonwire.loads(raw, what="an extender request")
+        except jsonwire.JsonBodyError as exc:
+            return _bad_request(verb, f"{verb}: {exc}")
         try:
             async with asyncio.timeout(state.config.request_timeout_s):
                 result = await answer(body)
@@ -115,7 +121,7 @@ async def _serve(
                 f"({state.config.request_timeout_s:g}s); the scheduler will retry\n",
             )
         outcome = "ok"
-        return web.Response(text=json.dumps(result), content_type=JSON)
+        return web.Response(body=jsonwire.dumps(result), content_type=JSON)
     finally:
         state.metrics.requests.labels(verb, outcome).inc()
         state.metrics.duration.labels(verb).observe(time.perf_counter() - started)

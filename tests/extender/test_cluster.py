@@ -281,6 +281,16 @@ async def test_ledger_changes_reach_the_filter_through_the_watch(
     [
         pytest.param("filter", b"{not json", "filter: request body is not JSON", id="not JSON"),
         pytest.param("filter", b"[]", "expected a JSON object", id="not an object"),
+        # The standard library raises RecursionError here, not ValueError: a 500 and
+        # a traceback for a body any pod can send.
+        pytest.param(
+            "filter",
+            b"[" * 100_000,
+            "nested too deeply to be an extender request (more than 1024 levels)",
+            id="nested too deeply",
+        ),
+        pytest.param("prioritize", b"\xff\xfe", "not UTF-8 JSON", id="not UTF-8"),
+        pytest.param("filter", b'{"Pod": NaN}', "NaN is not a JSON number", id="NaN is not JSON"),
         pytest.param("filter", b'{"NodeNames": ["a"]}', "Pod: Field required", id="no Pod"),
         pytest.param(
             "prioritize", b'{"Pod": {}, "NodeNames": "a"}', "NodeNames", id="names not a list"
