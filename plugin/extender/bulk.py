@@ -30,6 +30,7 @@ import numpy as np
 from plugin.api.config import AllocationPolicy
 from plugin.extender.decision import FilterOutcome, PodAsk, fleet_scores
 from plugin.extender.matrix import NodeMatrix
+from plugin.extender.reasons import node_reasons
 from plugin.placement.fleet import (
     NODE_BY_NODE_BELOW,
     Fleet,
@@ -37,7 +38,7 @@ from plugin.placement.fleet import (
     Ints,
     place_pod_on_fleet,
 )
-from plugin.placement.refusals import ContainerKind, refusal_words
+from plugin.placement.refusals import ContainerKind
 
 ANSWERS_KEPT = 32
 """Answers kept (pod sizes and policies), each one row per node: bounded memory."""
@@ -88,9 +89,7 @@ class BulkDecisions:
         failed: dict[str, str] = {}
         if refused.any():
             keys, inverse = distinct_rows(placed.refusal_keys(rows[refused]))
-            words = np.array(
-                [refusal_words(key, ask.containers) for key in keys.tolist()], dtype=object
-            )
+            words = np.array(node_reasons(keys.tolist(), ask.containers), dtype=object)
             failed = dict(
                 zip(compress(names, refused.tolist()), words[inverse].tolist(), strict=True)
             )

@@ -30,8 +30,10 @@ import numpy as np
 from plugin.api.config import AllocationPolicy
 from plugin.api.scheduling import ContainerAssignment, PodAssignment
 from plugin.extender.ledger import Assumption, Ledger, NodeView
+from plugin.extender.reasons import node_reasons
 from plugin.placement.fleet import Fleet, FleetPlacement, Ints
 from plugin.placement.pod import ContainerRequest, GpuState, PodPlacement, place_pod, pod_units
+from plugin.placement.refusals import RefusalKey
 
 MAX_EXTENDER_PRIORITY = 10
 """``k8s.io/kube-scheduler/extender/v1`` MaxExtenderPriority: scores are 0..10 (the
@@ -161,7 +163,7 @@ def _named(placed: PodPlacement, ask: PodAsk) -> PodPlacement:
         return placed
     for pos, c in enumerate(ask.containers):
         refusal = refusal.replace(_placeholder(pos), c.name)
-    return PodPlacement(placed.containers, placed.taken, refusal)
+    return PodPlacement(placed.containers, placed.taken, refusal, placed.refusal_key)
 
 
 def container_name(ask: PodAsk, placed_name: str) -> str:
@@ -189,9 +191,10 @@ def decide(
 def filter_nodes(
     ask: PodAsk, names: Iterable[str], ledger: Ledger, memo: PlacementMemo
 ) -> FilterOutcome:
-    """Nodes where every container fits the plugin's way; the rest with place_pod's reason."""
+    """Nodes where every container fits the plugin's way; the rest with place_pod's reason
+    (:func:`plugin.extender.reasons.node_reasons`: summarised when there are many)."""
     passed: list[str] = []
-    failed: dict[str, str] = {}
+    refused: dict[str, RefusalKey] = {}
     unresolvable: dict[str, str] = {}
     known = memo.for_ask(ask)
     view_of = ledger.view
@@ -207,10 +210,13 @@ def filter_nodes(
             outcome = memo.place(ask, view, known)
         else:
             memo.hits += 1
-        if outcome.refusal is None:
+        if outcome.refusal_key is None:
             passed.append(name)
         else:
-            failed[name] = outcome.refusal
+            refused[name] = outcome.refusal_key
+    distinct = list(dict.fromkeys(refused.values()))
+    words = dict(zip(distinct, node_reasons(distinct, ask.containers), strict=True))
+    failed = {name: words[key] for name, key in refused.items()}
     return FilterOutcome(tuple(passed), failed, unresolvable)
 
 

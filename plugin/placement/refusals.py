@@ -6,12 +6,16 @@ words quote. place_pod returns it beside its words, and the vectorised
 placement (:mod:`plugin.placement.fleet`) records one per node; both make the
 words with :func:`refusal_words`, so a node gets the same sentence either way,
 and the extender formats one sentence per distinct key rather than per node.
-The sentences become FailedScheduling events through the scheduler extender.
+The sentences become FailedScheduling events through the scheduler extender;
+where many nodes would each quote their own figures, :func:`spanned_words`
+says the same with each figure's range over them
+(:mod:`plugin.extender.reasons` decides when).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
 ContainerKind = Literal["init", "sidecar", "app"]
@@ -53,22 +57,55 @@ def container_label(name: str, kind: ContainerKind) -> str:
     return f'{word} "{name}"'
 
 
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """A number a refusal quotes: one node's (``lo == hi``), or its range over several nodes."""
+
+    lo: int
+    hi: int
+
+    def __str__(self) -> str:
+        return str(self.lo) if self.lo == self.hi else f"{self.lo} to {self.hi}"
+
+    @property
+    def one(self) -> bool:
+        """Exactly 1 (for "1 GPU is" against "2 GPUs are", "0 to 1 GPUs are")."""
+        return self.lo == self.hi == 1
+
+
 def refusal_words(key: Sequence[int], containers: Sequence[NamedContainer]) -> str:
     """The sentence for ``key``; ``containers`` are the pod's, in the order placed.
 
     The names come from ``containers``, not from the key: an answer computed for
     one pod serves another of the same sizes under its own names.
     """
-    kind, index, a, b, c, d = key
-    target = containers[index]
+    kind, index, *figures = key
+    return _sentence(kind, containers[index], [Figure(n, n) for n in figures])
+
+
+def spanned_words(keys: Sequence[Sequence[int]], containers: Sequence[NamedContainer]) -> str:
+    """One sentence for several refusals of the same kind and container, each figure
+    quoted as its range over them (``largest 10 to 60``): what many nodes share."""
+    kind, index = keys[0][0], keys[0][1]
+    if any(k[0] != kind or k[1] != index for k in keys):
+        raise ValueError("spanned_words takes refusals of one kind and one container")
+    columns = list(zip(*(k[2:] for k in keys), strict=True))
+    return _sentence(kind, containers[index], [Figure(min(c), max(c)) for c in columns])
+
+
+def _sentence(kind: int, target: NamedContainer, figures: Sequence[Figure]) -> str:
+    a, b, c, d = figures
     label = container_label(target.name, target.kind)
     if kind == SHORT:
-        note = f"; {c} GPU{'s' if c != 1 else ''} unhealthy" if c else ""
+        note = ""
+        if c.hi:
+            count = f"up to {c.hi}" if c.lo == 0 else str(c)
+            note = f"; {count} GPU{'' if c.one else 's'} unhealthy"
         return f"{label} needs {a} units, {b} free on healthy GPUs{note}"
     if kind == WHOLE:
         return (
-            f"{label} needs {a} completely free GPU{'s' if a != 1 else ''} "
-            f"and {b} {'is' if b == 1 else 'are'} ({c} units free in total)"
+            f"{label} needs {a} completely free GPU{'' if a.one else 's'} "
+            f"and {b} {'is' if b.one else 'are'} ({c} units free in total)"
         )
     if kind == REUSE:
         return (

@@ -1,0 +1,89 @@
+"""The words filter gives each refused node, readable once kube-scheduler adds them up (pure).
+
+kube-scheduler does not show ``FailedNodes`` as a list. It counts identical
+reasons over all nodes and joins ``"<count> <reason>"`` in sorted order into
+one message (``0/1000 nodes are available: 1 no single GPU has 70 free units
+(largest 40; 80 free in total), 1 ...``), writes that whole message into the
+pod's ``PodScheduled`` condition, and cuts the FailedScheduling event, which
+``kubectl describe pod`` shows, at 1,024 bytes (``validation.NoteLengthLimit``).
+
+Each node's own figures make its reason distinct from its neighbours'. On two
+nodes that is the most useful thing to say; on 1,000 nodes it is 1,000
+reasons, the event shows the first dozen in sort order (the nodes that quote
+"largest 0"), the condition grows to tens of kilobytes, and what the user
+needs (the largest free share on any node) is nowhere to be read.
+
+So each node keeps its own words while all the distinct reasons fit
+:data:`REASONS_BUDGET`; past it, the refusals of one rule, container and
+asked amount share one sentence whose figures are ranges over those nodes:
+``997 no single GPU has 70 free units (largest 10 to 60; 80 to 230 free in
+total)``. If even that is too long (many containers refused for many
+amounts), the amount becomes a range too. The words for one node alone
+(bind's refusal) are never summarised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from plugin.placement.refusals import (
+    NamedContainer,
+    refusal_words,
+    spanned_words,
+)
+
+REASONS_BUDGET: Final = 640
+"""Characters the distinct reasons may take in kube-scheduler's message, each with its
+count and separator (``", 997 "``). The event is cut at 1,024 bytes, and the scheduler
+adds its own text around ours: ``0/1000 nodes are available: `` and, after a failed
+preemption attempt, ``preemption: 0/1000 nodes are available: 1000 No preemption
+victims found for incoming pod.`` About 300 bytes are left to other plugins' reasons."""
+
+_PER_REASON: Final = 7
+"""What kube-scheduler adds around each distinct reason: ``", "`` and a count of up to
+four digits and a space."""
+
+Grouping = Callable[[Sequence[int]], tuple[int, ...]]
+
+
+def _by_rule_container_and_amount(key: Sequence[int]) -> tuple[int, ...]:
+    return tuple(key[:3])
+
+
+def _by_rule_and_container(key: Sequence[int]) -> tuple[int, ...]:
+    return tuple(key[:2])
+
+
+_GROUPINGS: Final[tuple[Grouping, ...]] = (_by_rule_container_and_amount, _by_rule_and_container)
+
+
+def node_reasons(keys: Sequence[Sequence[int]], containers: Sequence[NamedContainer]) -> list[str]:
+    """The reason for each of ``keys`` (distinct :data:`RefusalKey` s of the refused nodes,
+    as tuples or as the lists numpy's ``tolist`` gives).
+
+    Each key's own words while they all fit :data:`REASONS_BUDGET`, otherwise
+    one sentence per group of keys (see the module docstring). Nodes with the
+    same key always get the same words, so callers format per distinct key.
+    """
+    words = [refusal_words(key, containers) for key in keys]
+    if _fits(words):
+        return words
+    for grouping in _GROUPINGS:
+        groups: dict[tuple[int, ...], list[Sequence[int]]] = {}
+        for key in keys:
+            groups.setdefault(grouping(key), []).append(key)
+        shared = {
+            group: refusal_words(members[0], containers)
+            if len(members) == 1
+            else spanned_words(members, containers)
+            for group, members in groups.items()
+        }
+        words = [shared[grouping(key)] for key in keys]
+        if _fits(words):
+            break
+    return words
+
+
+def _fits(words: Sequence[str]) -> bool:
+    return sum(len(w) + _PER_REASON for w in set(words)) <= REASONS_BUDGET
