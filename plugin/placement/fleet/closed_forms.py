@@ -9,7 +9,9 @@ down directly:
 * shares below a GPU in sidecars or app containers before one last container,
   none reusing another's units (:func:`without_reuse`);
 * an init container's units (below a GPU or several GPUs), reused by the one
-  container after it (:func:`init_then_one`).
+  container after it (:func:`init_then_one`);
+* both: shares in sidecars, then an init container reused by the one after it
+  (:func:`shares_then_init_then_one`).
 
 Each is held to place_pod by a hypothesis test of its own in
 ``tests/plugin/placement/test_fleet.py``.
@@ -17,7 +19,7 @@ Each is held to place_pod by a hypothesis test of its own in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -142,6 +144,11 @@ def _share_gpu(
     return gpu, key[np.arange(rows), gpu] < BIG
 
 
+Tail = Callable[[Fleet], tuple[FleetPlacement, Ints]]
+"""The containers after the shares, placed on what the shares left: their answer, and
+per row the partly used GPU they take units from (-1: none, or a completely free one)."""
+
+
 def without_reuse(
     fleet: Fleet,
     containers: Sequence[ContainerRequest],
@@ -151,25 +158,76 @@ def without_reuse(
     """Several containers, none reusing another's units (sidecars, app containers),
     each but the last asking less than a GPU on every row; None otherwise.
 
+    The last container is :func:`one_container` on what the shares left, told
+    where its remainder goes (:func:`shares_then`).
+    """
+    last = asking[-1]
+    units = containers[last].units
+
+    def tail(left: Fleet) -> tuple[FleetPlacement, Ints]:
+        return one_container_located(left, last, units, policy, locate=True)
+
+    return shares_then(fleet, containers, asking[:-1], policy, tail)
+
+
+def shares_then_init_then_one(
+    fleet: Fleet,
+    containers: Sequence[ContainerRequest],
+    asking: Sequence[int],
+    policy: AllocationPolicy,
+) -> FleetPlacement | None:
+    """Shares below a GPU in sidecars (nothing reused), then an init container whose
+    units the one container after it reuses; None where a share is a GPU or more.
+
+    The sidecars' units are not reusable, and place_units ranks nothing by where
+    they went: the init container and the next one are :func:`init_then_one` on
+    what the shares left (:func:`shares_then`).
+    """
+    first, second = asking[-2], asking[-1]
+
+    def tail(left: Fleet) -> tuple[FleetPlacement, Ints]:
+        return init_then_one_located(
+            left,
+            first=first,
+            share=containers[first].units,
+            second=second,
+            units=containers[second].units,
+            policy=policy,
+        )
+
+    return shares_then(fleet, containers, asking[:-2], policy, tail)
+
+
+def shares_then(
+    fleet: Fleet,
+    containers: Sequence[ContainerRequest],
+    shares: Sequence[int],
+    policy: AllocationPolicy,
+    tail: Tail,
+) -> FleetPlacement | None:
+    """Containers asking less than a GPU each, none reusing units, then ``tail`` on
+    what they left; None where a share is a GPU or more on some row.
+
     place_pod places such containers one after another, each as a pod of its
     own on what the ones before left (place_units with nothing held ranks no
     NUMA node or GPU by what came before). A share below a GPU goes to the
-    tightest or freest GPU that holds it: one argmin per container. The last
-    container is :func:`one_container` on what is left, told where its
-    remainder goes, so that the GPUs the pod uses are counted once.
+    tightest or freest GPU that holds it: one argmin per container. ``tail``
+    places the rest on what is left and says which partly used GPU it joins, so
+    that the GPUs the pod uses are counted once: its whole GPUs were completely
+    free, so none of the shares' GPUs.
     """
     free = fleet.free.copy()
     upg = fleet.units_per_gpu
     rows, width = free.shape
-    if not rows or not width or max(containers[i].units for i in asking[:-1]) >= int(upg.min()):
+    if not rows or not width or max(containers[i].units for i in shares) >= int(upg.min()):
         return None
     every = np.arange(rows)
     answer = blank_answer(rows)
     outcome, container, numbers = answer
     alive = np.ones(rows, dtype=np.bool_)
-    used = np.zeros(free.shape, dtype=np.bool_)  # GPUs the containers before the last use
+    used = np.zeros(free.shape, dtype=np.bool_)  # GPUs the shares use
     top = int(upg.max())
-    for index in asking[:-1]:
+    for index in shares:
         share = containers[index].units
         total = row_sum(free)
         gpu, holds = _share_gpu(free, share, policy, top)
@@ -182,40 +240,46 @@ def without_reuse(
         placed = np.flatnonzero(alive)
         free[placed, gpu[placed]] -= share
         used[placed, gpu[placed]] = True
-    last = asking[-1]
-    units = containers[last].units
-    final, joins = one_container_located(
-        replace(fleet, free=free), last, units, policy, locate=True
-    )
+    final, joins = tail(replace(fleet, free=free))
     refused_last = alive & (final.outcome != FITS)
     outcome[refused_last] = final.outcome[refused_last]
-    container[refused_last] = last
+    container[refused_last] = final.container[refused_last]
     numbers[refused_last] = final.numbers[refused_last]
     fits = alive & ~refused_last
-    # The GPUs used: those before, the last container's whole GPUs (completely free
-    # ones, so none of those before) and the GPU its remainder joins, once.
-    joined_before = (joins >= 0) & used[every, np.maximum(joins, 0)]
-    remainder = units % upg
-    joined_free = final.left_on_used + remainder  # free units of the GPU it joins
+    # The GPUs used: the shares', the tail's whole GPUs and the partly used GPU it
+    # joins, once. Free units left on them: the shares' GPUs keep what they had, less
+    # what the tail took where it joined one of them.
+    at = np.maximum(joins, 0)
+    joined_before = (joins >= 0) & used[every, at]
     gpus_used = row_count(used) + final.gpus_used - joined_before
-    # free units left on them: those before keep what they had (less the remainder
-    # where it joins one of them), a GPU of its own what it had less the remainder
     before_left = row_sum(np.where(used, free, 0))
-    left_on_used = before_left + final.left_on_used - np.where(joined_before, joined_free, 0)
-    earlier = sum(containers[i].units for i in asking[:-1])
+    left_on_used = before_left + final.left_on_used - np.where(joined_before, free[every, at], 0)
+    earlier = sum(containers[i].units for i in shares)
     return placed_where(
         answer,
         fits,
         gpus_used=gpus_used,
         left_on_used=left_on_used,
-        units_taken=earlier + units,
+        units_taken=earlier + final.units_taken,
     )
 
 
 def init_then_one(
     fleet: Fleet, *, first: int, share: int, second: int, units: int, policy: AllocationPolicy
 ) -> FleetPlacement:
-    """An init container's units reused by the one container after it, in closed form.
+    """:func:`init_then_one_located` without the location."""
+    placed, _ = init_then_one_located(
+        fleet, first=first, share=share, second=second, units=units, policy=policy
+    )
+    return placed
+
+
+def init_then_one_located(
+    fleet: Fleet, *, first: int, share: int, second: int, units: int, policy: AllocationPolicy
+) -> tuple[FleetPlacement, Ints]:
+    """An init container's units reused by the one container after it, in closed form;
+    and per row the one partly used GPU the two take units from (-1: none, or it was
+    completely free: all :func:`shares_then` needs to know).
 
     The init container is placed as a pod of its own: ``w_i`` whole GPUs (the set
     ``A``) and, for a remainder ``r_i``, one GPU ``g``. The next container asks
@@ -294,13 +358,14 @@ def init_then_one(
         many = placed_init & (held_gpus > 1) & (units < share)
         refuse(many, REUSE, second, units, share, held_gpus)
         fits = placed_init & ~many
-        return placed_where(
+        placed = placed_where(
             answer,
             fits,
             gpus_used=held_gpus,
             left_on_used=np.where(has_g, g_free - r_init, 0),
             units_taken=share,
         )
+        return placed, np.where(fits, g_gpu, -1)
 
     # The container after it holds all of it and needs ``units - share`` more.
     more = units - share
@@ -348,27 +413,34 @@ def init_then_one(
     left = np.where(joins_g, upg - r_init - more, 0)
     gpus_used = np.where(fits_partly, w_init + 1 + more_whole, gpus_used)
     left = np.where(fits_partly, g_free - r_init - more_rest, left)
+    # The partly used GPU: ``g`` where the rest joins it or it stays partly used (a
+    # completely free ``g`` is no one's), else the one the rest joins beside whole GPUs.
+    joined = np.where(fits & (joins_g | fits_partly), g_gpu, -1)
     joined_rest = np.flatnonzero(fits & fits_anchored & (rest > 0))
     if joined_rest.size:
         pretaken = whole_before[joined_rest]
         with_g = np.flatnonzero(has_g[joined_rest])
         pretaken[with_g, g_column[joined_rest[with_g]]] += 1
-        value, _ = _beside_whole(
+        value, located = _beside_whole(
             fleet,
             joined_rest,
             whole[joined_rest],
             rest[joined_rest],
             policy,
             pretaken=pretaken,
+            locate=True,
         )
         left[joined_rest] = value - rest[joined_rest]
-    return placed_where(
+        assert located is not None
+        joined[joined_rest] = located
+    placed = placed_where(
         answer,
         fits,
         gpus_used=gpus_used,
         left_on_used=left,
         units_taken=units,
     )
+    return placed, joined
 
 
 def _beside_whole(

@@ -166,6 +166,32 @@ def test_shares_without_reuse_in_closed_form_are_place_pods_answer(
     check(fleet_nodes, data.draw(shares_then_one(min(upgs), max(upgs))), policy)
 
 
+@st.composite
+def shares_then_init_then_one(draw: st.DrawFn, upg: int) -> list[ContainerRequest]:
+    """Sidecars below a GPU each, then an init container's units reused by one more."""
+    before = draw(st.lists(st.integers(1, upg - 1), min_size=1, max_size=2))
+    sidecars = [ContainerRequest(f"proxy{i}", "sidecar", n) for i, n in enumerate(before)]
+    return [*sidecars, *draw(init_then_one(upg))]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    data=st.data(),
+    upg=st.sampled_from([4, 10, 100]),
+    policy=st.sampled_from(["binpack", "spread"]),
+)
+def test_sidecars_before_an_init_share_in_closed_form_are_place_pods_answer(
+    data: st.DataObject, upg: int, policy: AllocationPolicy
+) -> None:
+    """fleet.shares_then_init_then_one against place_pod: the init container's GPU, or
+    the one the next container's rest joins, is often a sidecar's (binpack picks the
+    tightest), and must then be counted once."""
+    fleet_nodes = data.draw(st.lists(nodes(upg), min_size=1, max_size=12))
+    placed = check(fleet_nodes, data.draw(shares_then_init_then_one(upg)), policy)
+    # the closed form answered, not the replay (which takes nodes that have no GPUs at all)
+    assert (placed.taken is None) == any(node_gpus for _, node_gpus in fleet_nodes)
+
+
 def gpus(*free: int, numa: tuple[int | None, ...] = ()) -> list[GpuState]:
     return [GpuState(f"GPU-{i}", n, numa=numa[i] if numa else None) for i, n in enumerate(free)]
 
