@@ -26,9 +26,11 @@ process, on parsed requests (the HTTP decode is measured apart):
   container's share reused by the app (the kubelet's reuse; a closed form of
   its own), a repeated and a new ask; a native sidecar keeping its own units
   beside the app, a new ask (a closed form too); an init container of 1.5 GPUs
-  reused by the app, a new ask (the same closed form); and a sidecar, an init
-  container of 1.5 GPUs and the app, a new ask (a shape no closed form covers:
-  the kubelet's replay over the arrays).
+  reused by the app, a new ask (the same closed form); a sidecar, an init
+  container of 1.5 GPUs and the app, a new ask (the sidecar's share, then that
+  closed form); and two init containers, the second reusing the first's units,
+  then the app, a new ask (a shape no closed form covers: the kubelet's replay
+  over the arrays).
   The extender decides every pod over all nodes at once
   (``plugin.extender.bulk``, numpy); ``--node-by-node`` measures the same
   workloads placed one node at a time with place_pod and its memo (the path
@@ -115,11 +117,19 @@ def container(name: str, units: int) -> dict[str, object]:
 
 
 def pod(
-    units: int, *, name: str, uid: str, init_units: int = 0, sidecar_units: int = 0
+    units: int,
+    *,
+    name: str,
+    uid: str,
+    init_units: int = 0,
+    sidecar_units: int = 0,
+    setup_units: int = 0,
 ) -> dict[str, object]:
     """One container of ``units``; with ``init_units``, an init container before it
     whose share the app container reuses; with ``sidecar_units``, a native sidecar
-    (an init container that keeps running, and keeps its own units) declared first."""
+    (an init container that keeps running, and keeps its own units) declared first;
+    with ``setup_units``, one more init container before the other (its units are
+    reused by the next init container)."""
     spec: dict[str, object] = {
         "schedulerName": "metagpu-scheduler",
         "containers": [container(name, units)],
@@ -127,6 +137,8 @@ def pod(
     before: list[dict[str, object]] = []
     if sidecar_units:  # declared first: it starts before the init container runs
         before.append({**container(f"{name}-proxy", sidecar_units), "restartPolicy": "Always"})
+    if setup_units:
+        before.append(container(f"{name}-setup", setup_units))
     if init_units:
         before.append(container(f"{name}-init", init_units))
     if before:
@@ -220,6 +232,7 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
         two_fresh: list[float] = []
         sidecar_fresh: list[float] = []
         whole_init_fresh: list[float] = []
+        chain_fresh: list[float] = []
         replay_fresh: list[float] = []
         for k in range(rounds):
             units = sizes[k % len(sizes)]
@@ -279,7 +292,7 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
                     candidates,
                 )
             )
-            replay_fresh.append(
+            chain_fresh.append(
                 decide_ms(
                     core,
                     pod(
@@ -288,6 +301,19 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
                         uid=f"xj{count}-{k}",
                         init_units=150,
                         sidecar_units=10,
+                    ),
+                    candidates,
+                )
+            )
+            replay_fresh.append(
+                decide_ms(
+                    core,
+                    pod(
+                        150 + fresh_units,
+                        name=f"yjob{count}-{k}",
+                        uid=f"yj{count}-{k}",
+                        init_units=150,
+                        setup_units=30,
                     ),
                     candidates,
                 )
@@ -301,7 +327,8 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
         print(row("init + app, new ask", two_fresh, FILTER_TARGET_MS))
         print(row("sidecar + app, new ask", sidecar_fresh, FILTER_TARGET_MS))
         print(row("init of 1.5 GPUs + app, new ask", whole_init_fresh, FILTER_TARGET_MS))
-        print(row("sidecar + init + app (replay), new", replay_fresh, FILTER_TARGET_MS))
+        print(row("sidecar + init of 1.5 GPUs + app, new ask", chain_fresh, FILTER_TARGET_MS))
+        print(row("two init containers + app (replay), new", replay_fresh, FILTER_TARGET_MS))
         print(f"  full GC passes: one-container phase {one_gc}; two-container phase {two_gc}")
         b = statistics.median(base)
         print(
