@@ -79,7 +79,7 @@ def one_container_located(
     alone = np.flatnonzero(with_fraction & (whole == 0))
     if alone.size:
         on = free[alone]
-        pick, _ = _share_gpu(on, remainder[alone], policy, int(upg.max()))
+        pick, _ = share_gpu(on, remainder[alone], policy, int(upg.max()))
         remainder_free[alone] = on[np.arange(alone.size), pick]
         gpu[alone] = pick
     beside = np.flatnonzero(with_fraction & (whole > 0))
@@ -131,7 +131,7 @@ def _refuse_alone(
     return ~short & ~short_whole & ~no_single, whole, remainder
 
 
-def _share_gpu(
+def share_gpu(
     free: Ints, share: Ints | int, policy: AllocationPolicy, top: int
 ) -> tuple[Ints, Bools]:
     """The GPU place_units gives a share below a GPU when nothing is held: the
@@ -230,7 +230,7 @@ def shares_then(
     for index in shares:
         share = containers[index].units
         total = row_sum(free)
-        gpu, holds = _share_gpu(free, share, policy, top)
+        gpu, holds = share_gpu(free, share, policy, top)
         short = alive & (share > total)
         no_gpu = alive & ~short & ~holds
         record_refusal(answer, short, SHORT, index, share, total, fleet.unhealthy)
@@ -326,7 +326,7 @@ def init_then_one_located(
     g_free = np.zeros(rows, dtype=np.int64)  # its free units before
     alone = np.flatnonzero(placed_init & (w_init == 0) & (r_init > 0))
     if alone.size:
-        g_gpu[alone], _ = _share_gpu(free[alone], r_init[alone], policy, int(upg.max()))
+        g_gpu[alone], _ = share_gpu(free[alone], r_init[alone], policy, int(upg.max()))
         g_column[alone] = fleet.numa[alone, g_gpu[alone]]
         g_free[alone] = free[alone, g_gpu[alone]]
     beside = np.flatnonzero(placed_init & (w_init > 0))

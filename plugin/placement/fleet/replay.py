@@ -30,6 +30,7 @@ from plugin.placement.fleet.arrays import (
     row_sum,
     with_taken,
 )
+from plugin.placement.fleet.closed_forms import share_gpu
 from plugin.placement.pod import ContainerRequest, GpuState, place_pod
 from plugin.placement.refusals import HELD, NO_SINGLE_GPU, REUSE, SHORT, WHOLE
 
@@ -54,6 +55,7 @@ def replay_pod(
     reusable: Ints | None = None  # None until an init container holds units
     taken = np.zeros_like(free)
     alive = np.ones(rows, dtype=np.bool_)
+    smallest_gpu = int(fleet.units_per_gpu.min(initial=1 << 62))
 
     def refuse(mask: Bools, kind: int, index: int, *values: Ints | int) -> None:
         hit = np.flatnonzero(mask & alive)
@@ -98,9 +100,14 @@ def replay_pod(
                 held = None  # nothing reused on any row: the cheaper path, same answer
         total = row_sum(free)
         refuse(need > total, SHORT, index, need, total, here.unhealthy)
-        take, spread = _place_units(
-            here, cell, free, held, size=units, need_now=need, policy=policy
-        )
+        if held is None and units < smallest_gpu:
+            # A share below a GPU with nothing held: place_units puts it on the tightest
+            # (freest) GPU that holds it, or spreads it (refused below). One argmin.
+            take, spread = _share_taken(free, units, policy)
+        else:
+            take, spread = _place_units(
+                here, cell, free, held, size=units, need_now=need, policy=policy
+            )
         mine = take if held is None else held + take
         split = (row_count((mine > 0) & (mine < upg)) > 1) | spread
         if (split & alive).any():
@@ -155,6 +162,20 @@ def row_by_row(
         for gpu, units in placed.taken.items():
             taken[row, int(gpu)] = units
     return with_taken(fleet, outcome, container, numbers, taken)
+
+
+def _share_taken(free: Ints, units: int, policy: AllocationPolicy) -> tuple[Ints, Bools]:
+    """:func:`_place_units` for a share below every row's GPU size with nothing held:
+    the units on :func:`~plugin.placement.fleet.closed_forms.share_gpu`'s GPU, and the
+    rows where no GPU holds them (place_units would spread them)."""
+    take = np.zeros_like(free)
+    rows, width = free.shape
+    if not width:
+        return take, np.ones(rows, dtype=np.bool_)
+    gpu, holds = share_gpu(free, units, policy, int(free.max(initial=0)))
+    placed = np.flatnonzero(holds)
+    take[placed, gpu[placed]] = units
+    return take, ~holds
 
 
 def _place_units(
