@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 import pytest
 
+from plugin.extender import reasons
 from plugin.extender.protocol import parse_args
 from plugin.extender.reasons import REASONS_BUDGET, node_reasons
 from plugin.extender.service import ExtenderCore
@@ -170,6 +171,30 @@ def test_many_amounts_become_a_range_when_even_groups_do_not_fit() -> None:
     assert set(words) == {
         f'container "c{i}" needs 50 to 69 units, 10 to 20 free on healthy GPUs' for i in range(3)
     }
+
+
+def test_own_words_up_to_the_budget_and_not_one_reason_more() -> None:
+    keys: list[RefusalKey] = [(NO_SINGLE_GPU, 0, 70, largest, 80, 0) for largest in range(60)]
+    own = [refusal_words(key, APP) for key in keys]
+    fit = 0
+    while sum(len(w) + 7 for w in own[: fit + 1]) <= REASONS_BUDGET:
+        fit += 1
+    assert 2 < fit < len(keys)
+    assert node_reasons(keys[:fit], APP) == own[:fit]
+    summarised = node_reasons(keys[: fit + 1], APP)
+    assert set(summarised) == {
+        f"no single GPU has 70 free units (largest 0 to {fit}; 80 free in total)"
+    }
+
+
+def test_words_that_fill_the_budget_exactly_still_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    keys: list[RefusalKey] = [(NO_SINGLE_GPU, 0, 70, largest, 80, 0) for largest in range(5)]
+    own = [refusal_words(key, APP) for key in keys]
+    exact = sum(len(w) + 7 for w in own)
+    monkeypatch.setattr(reasons, "REASONS_BUDGET", exact)
+    assert node_reasons(keys, APP) == own
+    monkeypatch.setattr(reasons, "REASONS_BUDGET", exact - 1)
+    assert node_reasons(keys, APP) != own
 
 
 def test_the_budget_leaves_room_for_the_schedulers_own_words() -> None:
