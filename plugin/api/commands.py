@@ -93,6 +93,18 @@ def print_config(config: BaseModel) -> int:
     return EXIT_OK
 
 
+def freeze_heap() -> None:
+    """Collect once, then keep everything alive now out of the collector's full passes.
+
+    For what lives as long as the process: the modules imported at start-up, and
+    a component's first full picture of the cluster (the extender's ledger of
+    every node, once listed). The full passes walk every object not frozen, so
+    each such object left unfrozen adds to every later pause.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def serve_until_signal(serve: Callable[[asyncio.Event], Awaitable[None]]) -> int:
     """Run ``serve(stop)`` until SIGTERM or SIGINT sets ``stop``; exit status 0.
 
@@ -103,8 +115,7 @@ def serve_until_signal(serve: Callable[[asyncio.Event], Awaitable[None]]) -> int
     at the top, and nowhere else: they set the stop event and the runtime shuts
     down in order (sockets removed, requests answered).
     """
-    gc.collect()
-    gc.freeze()
+    freeze_heap()
 
     async def main() -> int:
         stop = asyncio.Event()

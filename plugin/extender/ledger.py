@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -64,15 +64,32 @@ class NodeView:
     with the same shape get the same placement from place_pod (GPU IDs aside)."""
 
 
-@dataclass
+ReportedGpu = tuple[str, int, int, bool, int | None]
+"""One GPU as its node reported it: (GPU ID, units, units held, healthy, NUMA node)."""
+
+
+@dataclass(slots=True)
 class _Node:
+    """One node's report, kept as plain tuples rather than the parsed pydantic models.
+
+    The collector walks every object a long-lived process keeps that can hold
+    others. A NodeLedger kept per node was about 60 of them (a model, its
+    ``__dict__`` and fields set, per GPU and per holder); at 1,000 nodes that
+    made each full pass 30-40 ms, landing on a filter call every few hundred.
+    Tuples of strings and numbers are dropped from the collector's lists at
+    its first pass over them; what is left is this object, ``reported`` and the
+    view (``tests/benchmarks/extender.py`` prints the passes).
+    """
+
     raw: str | None = None
     """The annotation as last seen: Node heartbeats send a MODIFIED event every few
     seconds with the same ledger, which is then neither parsed again nor re-viewed."""
-    ledger: NodeLedger | None = None
+    units_per_gpu: int = 0
+    gpus: tuple[ReportedGpu, ...] | None = None
+    """The node's GPUs by index; None when its ledger is missing or unusable."""
     problem: str | None = None
-    reported: dict[str, dict[str, int]] = field(default_factory=dict)
-    """pod UID → GPU ID → units the node reports for it."""
+    reported: frozenset[str] = frozenset()
+    """Pods the node reports holding units (their UIDs)."""
     generation: int = 0
     view: NodeView | None = None
 
@@ -100,11 +117,11 @@ class Ledger:
     def set_node(self, name: str, annotation: str | None) -> None:
         """A node's ledger annotation as last seen (None: the node has none)."""
         node = self._nodes.get(name)
-        if node is not None and node.raw == annotation and (node.ledger or node.problem):
+        if node is not None and node.raw == annotation and (node.gpus is not None or node.problem):
             return
         node = self._nodes.setdefault(name, _Node())
         node.raw = annotation
-        node.ledger, node.problem, node.reported = None, None, {}
+        node.gpus, node.problem, node.reported = None, None, frozenset()
         if annotation is None:
             node.problem = NO_LEDGER
         else:
@@ -122,11 +139,12 @@ class Ledger:
                         f"this extender places {self.resource}"
                     )
                 else:
-                    node.ledger = ledger
-                    for gpu in ledger.gpus:
-                        for h in gpu.holders:
-                            per_gpu = node.reported.setdefault(h.pod_uid, {})
-                            per_gpu[gpu.uuid] = per_gpu.get(gpu.uuid, 0) + h.units
+                    node.units_per_gpu = ledger.units_per_gpu
+                    node.gpus = tuple(
+                        (g.uuid, g.units, g.used, g.healthy, g.numa)
+                        for g in sorted(ledger.gpus, key=lambda g: g.index)
+                    )
+                    node.reported = frozenset(h.pod_uid for gpu in ledger.gpus for h in gpu.holders)
         for uid in list(self._assumed):
             if self._assumed[uid].node == name and uid in node.reported:
                 self._settle(uid)
@@ -248,7 +266,7 @@ class Ledger:
             return NO_LEDGER
         if node.view is not None:  # the common case, first
             return node.view
-        if node.ledger is None:
+        if node.gpus is None:
             return node.problem or NO_LEDGER
         extra: dict[str, int] = {}
         for a in self._assumed.values():
@@ -258,20 +276,20 @@ class Ledger:
                 extra[gpu] = extra.get(gpu, 0) + units
         gpus = tuple(
             GpuState(
-                id=g.uuid,
-                free=max(0, g.units - g.used - extra.get(g.uuid, 0)),
-                healthy=g.healthy,
-                numa=g.numa,
+                id=uuid,
+                free=max(0, units - used - extra.get(uuid, 0)),
+                healthy=healthy,
+                numa=numa,
             )
-            for g in sorted(node.ledger.gpus, key=lambda g: g.index)
+            for uuid, units, used, healthy, numa in node.gpus
         )
-        key = (node.ledger.units_per_gpu, tuple((g.free, g.healthy, g.numa) for g in gpus))
+        key = (node.units_per_gpu, tuple((g.free, g.healthy, g.numa) for g in gpus))
         if len(self._shapes) >= MAX_SHAPES:
             # Start over under a new epoch, so no id handed out before means a new shape.
             self._shapes.clear()
             self._shape_epoch += 1
         shape = self._shapes.setdefault(key, (self._shape_epoch << 20) | len(self._shapes))
-        node.view = NodeView(name, node.ledger.units_per_gpu, gpus, node.generation, shape)
+        node.view = NodeView(name, node.units_per_gpu, gpus, node.generation, shape)
         return node.view
 
     # ---------------------------------------------------------- internals

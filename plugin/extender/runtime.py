@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from plugin.api.commands import freeze_heap
 from plugin.extender.binder import Binder
 from plugin.extender.cache import LedgerCache
 from plugin.extender.config import ExtenderConfig
@@ -36,6 +37,10 @@ async def serve(config: ExtenderConfig, *, open_api: ApiOpener, stop: asyncio.Ev
                 try:
                     await asyncio.wait_for(cache.wait_synced(), config.initial_sync_timeout_s)
                     core.warm()
+                    # The ledger of every node, just listed, lives as long as the
+                    # process: out of the full passes that would walk it (30-40 ms
+                    # at 1,000 nodes, every few hundred filter calls).
+                    freeze_heap()
                 except TimeoutError:
                     logger.warning(
                         "nodes and pods not listed yet; every verb answers 'not synced' "

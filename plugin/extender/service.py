@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 ASK_CACHE_SIZE = 4096
 """Pods whose request the extender remembers between filter and bind (by UID)."""
 
+BIND_SHAPES_PER_ASK = 256
+"""Node shapes whose placement the memo keeps per ask when filter uses the arrays."""
+
 
 class ExtenderCore:
     """The ledger, the placement memo and the namespace policies, with the three verbs."""
@@ -55,13 +58,28 @@ class ExtenderCore:
         self.default_policy: AllocationPolicy = default_policy
         self.assume_timeout_s = assume_timeout_s
         self.ledger = ledger if ledger is not None else Ledger(resource=resource)
-        self.memo = PlacementMemo()
         self.bulk: BulkDecisions | None = BulkDecisions(NodeMatrix(self.ledger)) if bulk else None
         """Filter and prioritize on every node at once; None places node by node (tests
         compare the two)."""
+        self.memo = self._new_memo()
         self.namespace_annotations: dict[str, Mapping[str, str]] = {}
         """Namespace name → its annotations (only namespaces that have any)."""
         self._asks: OrderedDict[str, PodAsk] = OrderedDict()
+        self._distinct_asks: dict[PodAsk, PodAsk] = {}
+
+    def forget_answers(self) -> None:
+        """Drop every kept placement (benchmarks start each figure from none)."""
+        self.memo = self._new_memo()
+        if self.bulk is not None:
+            self.bulk = BulkDecisions(self.bulk.matrix)
+
+    def _new_memo(self) -> PlacementMemo:
+        """Node by node, the memo is what makes filter affordable; with the arrays it
+        serves bind (one node) and clusters the arrays are not built for, and is kept
+        small: every answer it keeps is a few objects the collector walks."""
+        if self.bulk is None:
+            return PlacementMemo()
+        return PlacementMemo(shapes_per_ask=BIND_SHAPES_PER_ASK)
 
     def warm(self) -> None:
         """Build the vectorised path's rows now, after the first list of nodes, so the
@@ -82,6 +100,11 @@ class ExtenderCore:
         if warning:
             logger.warning(warning, extra={"namespace": namespace, "pod": meta.get("name")})
         ask = PodAsk(container_requests(pod, resource=self.resource), policy)
+        # One object per distinct ask: the pods of a workload ask alike, and the asks
+        # remembered for bind are then a few objects for the collector, not thousands.
+        ask = self._distinct_asks.setdefault(ask, ask)
+        if len(self._distinct_asks) > ASK_CACHE_SIZE:
+            self._distinct_asks.clear()
         uid = meta.get("uid")
         if isinstance(uid, str) and uid:
             self._asks[uid] = ask

@@ -61,7 +61,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from plugin.api.scheduling import GpuHolder, GpuLedgerEntry, NodeLedger
-from plugin.extender.decision import PlacementMemo
 from plugin.extender.ledger import NodeView
 from plugin.extender.protocol import ExtenderArgs, parse_args
 from plugin.extender.service import ExtenderCore
@@ -222,7 +221,7 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
     )
     for count in (NODES, SAMPLED):
         candidates = names[:count]
-        core.memo = PlacementMemo()  # nothing carried over from the other size
+        core.forget_answers()  # nothing carried over from the other size
         print(f"filter + prioritize over {count} node names:")
         base: list[float] = []
         repeated: list[float] = []

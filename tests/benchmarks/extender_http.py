@@ -85,9 +85,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from aiohttp import web
 
 from plugin.api import jsonwire
-from plugin.extender.bulk import BulkDecisions
 from plugin.extender.config import ExtenderConfig
-from plugin.extender.decision import PlacementMemo
 from plugin.extender.protocol import ExtenderBindingArgs
 from plugin.extender.server import ExtenderState, running_extender
 from plugin.extender.service import ExtenderCore
@@ -194,9 +192,7 @@ def control_app(state: ExtenderState, names: list[str], rnd: random.Random) -> w
 
     async def reset(request: web.Request) -> web.Response:
         # nothing carried over from the other node count (extender.py resets its memo)
-        core.memo = PlacementMemo()
-        if core.bulk is not None:
-            core.bulk = BulkDecisions(core.bulk.matrix)
+        core.forget_answers()
         return handled()
 
     app = web.Application()
