@@ -89,7 +89,7 @@ class BulkDecisions:
         failed: dict[str, str] = {}
         if refused.any():
             keys, inverse = distinct_rows(placed.refusal_keys(rows[refused]))
-            words = np.array(node_reasons(keys.tolist(), ask.containers), dtype=object)
+            words = np.array(node_reasons(keys, ask.containers), dtype=object)
             failed = dict(
                 zip(compress(names, refused.tolist()), words[inverse].tolist(), strict=True)
             )

@@ -24,14 +24,13 @@ amounts), the amount becomes a range too. The words for one node alone
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final
 
-from plugin.placement.refusals import (
-    NamedContainer,
-    refusal_words,
-    spanned_words,
-)
+import numpy as np
+import numpy.typing as npt
+
+from plugin.placement.refusals import NamedContainer, range_words, refusal_words
 
 REASONS_BUDGET: Final = 640
 """Characters the distinct reasons may take in kube-scheduler's message, each with its
@@ -44,46 +43,44 @@ _PER_REASON: Final = 7
 """What kube-scheduler adds around each distinct reason: ``", "`` and a count of up to
 four digits and a space."""
 
-Grouping = Callable[[Sequence[int]], tuple[int, ...]]
+_GROUPINGS: Final = (3, 2)
+"""Leading columns of a refusal key that group refusals, in turn: (rule, container,
+amount asked), then (rule, container)."""
 
 
-def _by_rule_container_and_amount(key: Sequence[int]) -> tuple[int, ...]:
-    return tuple(key[:3])
-
-
-def _by_rule_and_container(key: Sequence[int]) -> tuple[int, ...]:
-    return tuple(key[:2])
-
-
-_GROUPINGS: Final[tuple[Grouping, ...]] = (_by_rule_container_and_amount, _by_rule_and_container)
-
-
-def node_reasons(keys: Sequence[Sequence[int]], containers: Sequence[NamedContainer]) -> list[str]:
-    """The reason for each of ``keys`` (distinct :data:`RefusalKey` s of the refused nodes,
-    as tuples or as the lists numpy's ``tolist`` gives).
+def node_reasons(keys: npt.ArrayLike, containers: Sequence[NamedContainer]) -> list[str]:
+    """The reason for each of ``keys``: distinct :data:`RefusalKey` s of the refused
+    nodes, as rows of six integers (an array, or a list of tuples).
 
     Each key's own words while they all fit :data:`REASONS_BUDGET`, otherwise
     one sentence per group of keys (see the module docstring). Nodes with the
     same key always get the same words, so callers format per distinct key.
+    Groups are runs of the keys sorted, their figures' ranges a ``reduceat``:
+    a pod most nodes refuse has a hundred distinct refusals or more.
     """
-    own = _own_words(keys, containers)
+    rows = np.asarray(keys, dtype=np.int64).reshape(-1, 6)
+    own = _own_words(rows.tolist(), containers)
     if own is not None:
         return own
-    words: list[str] = []
-    for grouping in _GROUPINGS:
-        groups: dict[tuple[int, ...], list[Sequence[int]]] = {}
-        for key in keys:
-            groups.setdefault(grouping(key), []).append(key)
-        shared = {
-            group: refusal_words(members[0], containers)
-            if len(members) == 1
-            else spanned_words(members, containers)
-            for group, members in groups.items()
-        }
-        words = [shared[grouping(key)] for key in keys]
-        if _fits(shared.values()):
+    order = np.lexsort(rows.T[::-1])
+    ordered = rows[order]
+    starts = np.ones(len(ordered), dtype=np.bool_)
+    sentences: list[str] = []
+    for width in _GROUPINGS:
+        starts[1:] = (ordered[1:, :width] != ordered[:-1, :width]).any(axis=1)
+        first = np.flatnonzero(starts)
+        low = np.minimum.reduceat(ordered[:, 2:], first, axis=0).tolist()
+        high = np.maximum.reduceat(ordered[:, 2:], first, axis=0).tolist()
+        sentences = [
+            range_words(kind, index, lo, hi, containers)
+            for (kind, index), lo, hi in zip(ordered[first, :2].tolist(), low, high, strict=True)
+        ]
+        if _fits(sentences):
             break
-    return words
+    words = np.empty(len(rows), dtype=object)
+    words[order] = np.array(sentences, dtype=object)[np.cumsum(starts) - 1]
+    listed: list[str] = words.tolist()
+    return listed
 
 
 def _own_words(

@@ -90,7 +90,22 @@ def spanned_words(keys: Sequence[Sequence[int]], containers: Sequence[NamedConta
     if any(k[0] != kind or k[1] != index for k in keys):
         raise ValueError("spanned_words takes refusals of one kind and one container")
     columns = list(zip(*(k[2:] for k in keys), strict=True))
-    return _sentence(kind, containers[index], [Figure(min(c), max(c)) for c in columns])
+    return range_words(
+        kind, index, [min(c) for c in columns], [max(c) for c in columns], containers
+    )
+
+
+def range_words(
+    kind: int,
+    index: int,
+    low: Sequence[int],
+    high: Sequence[int],
+    containers: Sequence[NamedContainer],
+) -> str:
+    """:func:`spanned_words` from the figures' lowest and highest values, as a caller
+    that computed them over arrays has them."""
+    figures = [Figure(lo, hi) for lo, hi in zip(low, high, strict=True)]
+    return _sentence(kind, containers[index], figures)
 
 
 def _sentence(kind: int, target: NamedContainer, figures: Sequence[Figure]) -> str:
