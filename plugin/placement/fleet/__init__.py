@@ -48,6 +48,7 @@ from plugin.placement.fleet.closed_forms import (
     init_then_one,
     one_container,
     shares_then_init_then_one,
+    shares_then_inits_then_one,
     without_reuse,
 )
 from plugin.placement.fleet.replay import replay_pod, row_by_row
@@ -121,4 +122,8 @@ def place_pod_on_fleet(
                 units=containers[second].units,
                 policy=policy,
             )
+    if len(asking) > 2:
+        chained = shares_then_inits_then_one(fleet, containers, asking, policy)
+        if chained is not None:
+            return chained
     return replay_pod(fleet, containers, policy)

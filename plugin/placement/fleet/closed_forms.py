@@ -11,7 +11,9 @@ down directly:
 * an init container's units (below a GPU or several GPUs), reused by the one
   container after it (:func:`init_then_one`);
 * both: shares in sidecars, then an init container reused by the one after it
-  (:func:`shares_then_init_then_one`).
+  (:func:`shares_then_init_then_one`);
+* init containers one after another, each reusing what the ones before hold, then
+  one more container, after shares or not (:func:`shares_then_inits_then_one`).
 
 Each is held to place_pod by a hypothesis test of its own in
 ``tests/plugin/placement/test_fleet.py``.
@@ -300,22 +302,70 @@ def init_then_one_located(
     Refusals are place_pod's, quoting the free units left after the init
     container. Held to place_pod by ``tests/plugin/placement/test_fleet.py``.
     """
+    answer = blank_answer(fleet.free.shape[0])
+    counts = counts_of(fleet)
+    pool = _init_pool(fleet, answer, counts, index=first, share=share, policy=policy)
+    placed, joined, _ = after_pool(
+        fleet, pool, answer, counts, share=share, second=second, units=units, policy=policy
+    )
+    return placed, joined
+
+
+class Pool(NamedTuple):
+    """Where an init container's units are on each row: what the next container reuses.
+
+    The init container fits (it is never split), so its units are ``whole``
+    whole GPUs and, for a ``rest``, one more GPU.
+    """
+
+    placed: Bools
+    """Rows where it, and every container before it, fits."""
+    whole: Ints
+    """Its whole GPUs."""
+    rest: Ints
+    """Its units beyond whole GPUs, on ``gpu``."""
+    gpu: Ints
+    """The GPU holding ``rest``: its position (-1: no rest, or a completely free GPU
+    beside whole ones, whose position no caller needs)."""
+    column: Ints
+    """That GPU's NUMA column (-1: no rest)."""
+    gpu_free: Ints
+    """That GPU's free units before the init container took its rest."""
+    whole_per_column: Ints
+    """Its whole GPUs per NUMA column."""
+
+
+class Counts(NamedTuple):
+    """Row-wise counts of a fleet's free units, computed once per placement."""
+
+    total: Ints
+    complete: Bools
+    completely: Ints
+
+
+def counts_of(fleet: Fleet) -> Counts:
+    complete = fleet.free == fleet.units_per_gpu[:, None]
+    return Counts(row_sum(fleet.free), complete, row_count(complete))
+
+
+def _init_pool(
+    fleet: Fleet,
+    answer: tuple[Ints, Ints, Ints],
+    counts: Counts,
+    *,
+    index: int,
+    share: int,
+    policy: AllocationPolicy,
+) -> Pool:
+    """An init container placed as a pod of its own (its refusals in ``answer``), and
+    where its units went."""
     free = fleet.free
     upg = fleet.units_per_gpu
     rows = free.shape[0]
-    total = row_sum(free)
-    complete = free == upg[:, None]
-    completely = row_count(complete)
-    answer = blank_answer(rows)
-
-    def refuse(mask: Bools, kind: int, index: int, *values: Ints | int) -> None:
-        record_refusal(answer, mask, kind, index, *values)
-
     # 1. The init container, by the one-container rules.
     placed_init, w_init, r_init = _refuse_alone(
-        fleet, answer, first, share, total=total, completely=completely
+        fleet, answer, index, share, total=counts.total, completely=counts.completely
     )
-    held_gpus = w_init + (r_init > 0)  # GPUs the init container's units go to
 
     # Where the init container's units are: its whole GPUs per NUMA column, and the
     # GPU its remainder went to (position, NUMA column, completely free before).
@@ -351,6 +401,37 @@ def init_then_one_located(
             g_gpu[where] = gpu[joined]
             g_column[where] = column[joined]
             g_free[where] = value[joined]
+    return Pool(placed_init, w_init, r_init, g_gpu, g_column, g_free, whole_before)
+
+
+def after_pool(
+    fleet: Fleet,
+    pool: Pool,
+    answer: tuple[Ints, Ints, Ints],
+    counts: Counts,
+    *,
+    share: int,
+    second: int,
+    units: int,
+    policy: AllocationPolicy,
+    grow: bool = False,
+) -> tuple[FleetPlacement, Ints, Pool | None]:
+    """The container after an init container, reusing its units (:class:`Pool`, of
+    ``share`` units on every row placed; ``fleet.free`` from before the pool): the
+    second half of :func:`init_then_one_located`, whose docstring says how. With
+    ``grow``, also the pool this container leaves when it is an init container asking
+    more than ``share`` (its own units, held by the next container in turn)."""
+    free = fleet.free
+    upg = fleet.units_per_gpu
+    total, complete, completely = counts
+
+    def refuse(mask: Bools, kind: int, index: int, *values: Ints | int) -> None:
+        record_refusal(answer, mask, kind, index, *values)
+
+    placed_init, w_init, r_init = pool.placed, pool.whole, pool.rest
+    g_gpu, g_column, g_free = pool.gpu, pool.column, pool.gpu_free
+    whole_before = pool.whole_per_column
+    held_gpus = w_init + (r_init > 0)  # GPUs the init container's units go to
     has_g = g_column >= 0
     g_complete = has_g & (g_free == upg)
 
@@ -365,7 +446,8 @@ def init_then_one_located(
             left_on_used=np.where(has_g, g_free - r_init, 0),
             units_taken=share,
         )
-        return placed, np.where(fits, g_gpu, -1)
+        kept = pool._replace(placed=fits) if grow else None
+        return placed, np.where(fits, g_gpu, -1), kept
 
     # The container after it holds all of it and needs ``units - share`` more.
     more = units - share
@@ -440,6 +522,154 @@ def init_then_one_located(
         left_on_used=left,
         units_taken=units,
     )
+    if not grow:
+        return placed, joined, None
+    return (
+        placed,
+        joined,
+        _grown(
+            fleet,
+            pool,
+            policy,
+            fits=fits,
+            beside_g=fits & (joins_g | fits_partly),
+            anchored=fits & fits_anchored,
+            whole=whole,
+            rest=rest,
+        ),
+    )
+
+
+def _grown(
+    fleet: Fleet,
+    pool: Pool,
+    policy: AllocationPolicy,
+    *,
+    fits: Bools,
+    beside_g: Bools,
+    anchored: Bools,
+    whole: Ints,
+    rest: Ints,
+) -> Pool:
+    """The pool an init container leaves that asked more than the pool it held: its
+    own ``whole`` GPUs and ``rest`` (``units`` divided by the GPU size, per row).
+
+    * its rest joined the pool's GPU ``g`` (which was completely free, or was partly
+      used and then every new whole GPU came from elsewhere): ``g`` again;
+    * ``g`` became whole (or there was none): every whole GPU in that order, and the
+      rest on the GPU place_units picks beside them, as for one container.
+    """
+    g_gpu, g_column, g_free, before = pool.gpu, pool.column, pool.gpu_free, pool.whole_per_column
+    # Where the rest joined ``g``, the whole GPUs' NUMA nodes are never read again:
+    # ``g`` was partly used before the pool (every later container joins it or is
+    # refused; the whole GPUs' places only steer a rest that goes elsewhere) or it is
+    # still completely free, and the whole GPUs are the pool's own.
+    per_column = np.where(beside_g[:, None], before, 0)
+    gpu = np.where(beside_g, g_gpu, -1)
+    column = np.where(beside_g, g_column, -1)
+    gpu_free = np.where(beside_g, g_free, 0)
+    whole_rows = np.flatnonzero(anchored)
+    if whole_rows.size:
+        pretaken = before[whole_rows].copy()
+        with_g = np.flatnonzero(g_column[whole_rows] >= 0)
+        pretaken[with_g, g_column[whole_rows[with_g]]] += 1
+        whole_gpus = _whole_gpus(fleet, whole_rows, whole[whole_rows], policy, pretaken=pretaken)
+        per_column[whole_rows] = whole_gpus.taken
+        with_rest = np.flatnonzero(rest[whole_rows] > 0)
+        if with_rest.size:
+            value, located, located_column = _remainder_gpu(
+                fleet,
+                whole_rows,
+                rest[whole_rows],
+                policy,
+                whole_gpus,
+                locate=True,
+                locate_complete=True,
+            )
+            assert located is not None
+            assert located_column is not None
+            where = whole_rows[with_rest]
+            gpu[where] = located[with_rest]
+            column[where] = located_column[with_rest]
+            gpu_free[where] = value[with_rest]
+    return Pool(fits, whole, rest, gpu, column, gpu_free, per_column)
+
+
+def shares_then_inits_then_one(
+    fleet: Fleet,
+    containers: Sequence[ContainerRequest],
+    asking: Sequence[int],
+    policy: AllocationPolicy,
+) -> FleetPlacement | None:
+    """Shares below a GPU in sidecars or app containers (none reused), then two init
+    containers or more and one last container: :func:`inits_then_one` on what the
+    shares left (:func:`shares_then`); None where that is not the shape."""
+    first_init = next((n for n, i in enumerate(asking) if containers[i].kind == "init"), None)
+    if first_init is None:
+        return None
+    shares, chain = asking[:first_init], asking[first_init:]
+    if len(chain) < 3 or any(containers[i].kind != "init" for i in chain[:-1]):
+        return None
+    rows, width = fleet.free.shape
+    if not rows or not width:
+        return None
+
+    def tail(left: Fleet) -> tuple[FleetPlacement, Ints]:
+        return inits_then_one(left, containers, chain, policy)
+
+    if not shares:
+        placed, _ = tail(fleet)
+        return placed
+    return shares_then(fleet, containers, shares, policy, tail)
+
+
+def inits_then_one(
+    fleet: Fleet,
+    containers: Sequence[ContainerRequest],
+    asking: Sequence[int],
+    policy: AllocationPolicy,
+) -> tuple[FleetPlacement, Ints]:
+    """Init containers one after another, then one more container, in closed form
+    (``asking``: their positions; the init containers first).
+
+    An init container asking no more than the units held reuses part of them (or
+    all) and leaves them held: only place_pod's REUSE refusal can come of it. One
+    asking more holds them all and takes the rest, and its units are then the ones
+    held. So the chain is :func:`after_pool` step after step from the first init
+    container's units, each step growing the pool (:func:`_grown`), and the last
+    container a final step.
+    """
+    answer = blank_answer(fleet.free.shape[0])
+    counts = counts_of(fleet)
+    first = asking[0]
+    size = containers[first].units
+    pool = _init_pool(fleet, answer, counts, index=first, share=size, policy=policy)
+    for index in asking[1:-1]:
+        units = containers[index].units
+        _, _, grown = after_pool(
+            fleet,
+            pool,
+            answer,
+            counts,
+            share=size,
+            second=index,
+            units=units,
+            policy=policy,
+            grow=True,
+        )
+        assert grown is not None
+        pool, size = grown, max(size, units)
+    last = asking[-1]
+    placed, joined, _ = after_pool(
+        fleet,
+        pool,
+        answer,
+        counts,
+        share=size,
+        second=last,
+        units=containers[last].units,
+        policy=policy,
+    )
     return placed, joined
 
 
@@ -485,7 +715,12 @@ class _WholeGpus(NamedTuple):
 
 
 def _whole_gpus(
-    fleet: Fleet, rows: Ints, whole: Ints, policy: AllocationPolicy, *, pretaken: Ints | None
+    fleet: Fleet,
+    rows: Ints,
+    whole: Ints,
+    policy: AllocationPolicy,
+    *,
+    pretaken: Ints | None,
 ) -> _WholeGpus:
     """place_units' whole-GPU step on ``rows``, as counts per NUMA column."""
     free = fleet.free[rows]

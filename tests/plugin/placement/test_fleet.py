@@ -192,6 +192,43 @@ def test_sidecars_before_an_init_share_in_closed_form_are_place_pods_answer(
     assert (placed.taken is None) == any(node_gpus for _, node_gpus in fleet_nodes)
 
 
+@st.composite
+def init_chains(draw: st.DrawFn, upg: int) -> list[ContainerRequest]:
+    """Init containers one after another (each reusing what the ones before hold), after
+    sidecars' shares or not, then one more container of any kind."""
+    sizes = st.one_of(
+        st.integers(1, upg - 1), st.integers(1, 3 * upg), st.sampled_from([upg, 2 * upg])
+    )
+    amounts = draw(st.lists(sizes, min_size=2, max_size=4))
+    if draw(st.booleans()):  # each a little more than the one before: rests join one GPU
+        steps = draw(st.lists(st.integers(1, max(1, upg // 3)), min_size=1, max_size=3))
+        amounts = [amounts[0] + sum(steps[:n]) for n in range(len(steps) + 1)]
+    inits = [ContainerRequest(f"init{i}", "init", n) for i, n in enumerate(amounts)]
+    shares = draw(st.lists(st.integers(1, upg - 1), max_size=2))
+    sidecars = [ContainerRequest(f"proxy{i}", "sidecar", n) for i, n in enumerate(shares)]
+    kind: ContainerKind = draw(st.sampled_from(["app", "sidecar", "init"]))
+    last = ContainerRequest("main", kind, draw(st.one_of(sizes, st.integers(1, 4 * upg))))
+    return [*sidecars, *inits, last]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    data=st.data(),
+    upg=st.sampled_from([4, 10, 100]),
+    policy=st.sampled_from(["binpack", "spread"]),
+)
+def test_chained_init_containers_in_closed_form_are_place_pods_answer(
+    data: st.DataObject, upg: int, policy: AllocationPolicy
+) -> None:
+    """fleet.shares_then_inits_then_one against place_pod: each init container that
+    asks more than the units held grows the pool the next one reuses (its whole GPUs
+    per NUMA node, the GPU of its rest), on nodes of many NUMA layouts."""
+    fleet_nodes = data.draw(st.lists(nodes(upg), min_size=1, max_size=12))
+    placed = check(fleet_nodes, data.draw(init_chains(upg)), policy)
+    # the closed form answered, not the replay (which takes nodes that have no GPUs at all)
+    assert (placed.taken is None) == any(node_gpus for _, node_gpus in fleet_nodes)
+
+
 def gpus(*free: int, numa: tuple[int | None, ...] = ()) -> list[GpuState]:
     return [GpuState(f"GPU-{i}", n, numa=numa[i] if numa else None) for i, n in enumerate(free)]
 
@@ -285,6 +322,39 @@ def app(units: int) -> list[ContainerRequest]:
         (
             [ContainerRequest("a", "app", 30), ContainerRequest("b", "app", 150)],
             (100, gpus(100, 40, 100, 60, numa=(0, 0, 1, 1))),
+        ),
+        # chained init containers: a share that took a completely free GPU, then more
+        # than a GPU, which makes that GPU whole; where the rest of each later one goes
+        # depends on that GPU's NUMA node counting among the held whole GPUs' (found by
+        # a random search; 1,000 hypothesis examples did not reach it)
+        (
+            [
+                ContainerRequest("i0", "init", 8),
+                ContainerRequest("i1", "init", 8),
+                ContainerRequest("i2", "init", 10),
+                ContainerRequest("main", "init", 11),
+            ],
+            (10, gpus(10, 0, 0, 10, 10, 1, 10, 10, numa=(3, 0, 2, 0, 0, 0, 2, 3))),
+        ),
+        (
+            [
+                ContainerRequest("i0", "init", 90),
+                ContainerRequest("i1", "init", 100),
+                ContainerRequest("i2", "init", 137),
+                ContainerRequest("i3", "init", 200),
+                ContainerRequest("main", "init", 365),
+            ],
+            (100, gpus(43, 26, 54, 100, 100, 0, 100, 0, numa=(0, 1, 1, 1, 0, 1, 0, 1))),
+        ),
+        # ... and an init container whose rest joins the completely free GPU beside the
+        # whole one the first holds: the app's rest prefers that whole GPU's NUMA node
+        (
+            [
+                ContainerRequest("i0", "init", 6),
+                ContainerRequest("i1", "init", 7),
+                *app(9),
+            ],
+            (4, gpus(1, 4, 4, 4, 4, 4, numa=(1, 0, 0, 0, 1, None))),
         ),
     ],
 )
