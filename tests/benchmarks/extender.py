@@ -28,9 +28,10 @@ process, on parsed requests (the HTTP decode is measured apart):
   beside the app, a new ask (a closed form too); an init container of 1.5 GPUs
   reused by the app, a new ask (the same closed form); a sidecar, an init
   container of 1.5 GPUs and the app, a new ask (the sidecar's share, then that
-  closed form); and two init containers, the second reusing the first's units,
-  then the app, a new ask (a shape no closed form covers: the kubelet's replay
-  over the arrays).
+  closed form); two init containers, the second reusing the first's units, then
+  the app, a new ask (the chain's closed form); and an init container of 1.5 GPUs
+  whose units the app takes, then a second app container of 30 units, a new ask
+  (a shape no closed form covers: the kubelet's replay over the arrays).
   The extender decides every pod over all nodes at once
   (``plugin.extender.bulk``, numpy); ``--node-by-node`` measures the same
   workloads placed one node at a time with place_pod and its memo (the path
@@ -123,16 +124,18 @@ def pod(
     init_units: int = 0,
     sidecar_units: int = 0,
     setup_units: int = 0,
+    helper_units: int = 0,
 ) -> dict[str, object]:
     """One container of ``units``; with ``init_units``, an init container before it
     whose share the app container reuses; with ``sidecar_units``, a native sidecar
     (an init container that keeps running, and keeps its own units) declared first;
     with ``setup_units``, one more init container before the other (its units are
-    reused by the next init container)."""
-    spec: dict[str, object] = {
-        "schedulerName": "metagpu-scheduler",
-        "containers": [container(name, units)],
-    }
+    reused by the next init container); with ``helper_units``, a second app container
+    after the first (which took the init container's units)."""
+    apps = [container(name, units)]
+    if helper_units:
+        apps.append(container(f"{name}-helper", helper_units))
+    spec: dict[str, object] = {"schedulerName": "metagpu-scheduler", "containers": apps}
     before: list[dict[str, object]] = []
     if sidecar_units:  # declared first: it starts before the init container runs
         before.append({**container(f"{name}-proxy", sidecar_units), "restartPolicy": "Always"})
@@ -232,6 +235,7 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
         sidecar_fresh: list[float] = []
         whole_init_fresh: list[float] = []
         chain_fresh: list[float] = []
+        inits_fresh: list[float] = []
         replay_fresh: list[float] = []
         for k in range(rounds):
             units = sizes[k % len(sizes)]
@@ -304,7 +308,7 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
                     candidates,
                 )
             )
-            replay_fresh.append(
+            inits_fresh.append(
                 decide_ms(
                     core,
                     pod(
@@ -313,6 +317,19 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
                         uid=f"yj{count}-{k}",
                         init_units=150,
                         setup_units=30,
+                    ),
+                    candidates,
+                )
+            )
+            replay_fresh.append(
+                decide_ms(
+                    core,
+                    pod(
+                        150 + fresh_units,
+                        name=f"zjob{count}-{k}",
+                        uid=f"zj{count}-{k}",
+                        init_units=150,
+                        helper_units=30,
                     ),
                     candidates,
                 )
@@ -327,7 +344,8 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
         print(row("sidecar + app, new ask", sidecar_fresh, FILTER_TARGET_MS))
         print(row("init of 1.5 GPUs + app, new ask", whole_init_fresh, FILTER_TARGET_MS))
         print(row("sidecar + init of 1.5 GPUs + app, new ask", chain_fresh, FILTER_TARGET_MS))
-        print(row("two init containers + app (replay), new", replay_fresh, FILTER_TARGET_MS))
+        print(row("two init containers + app, new ask", inits_fresh, FILTER_TARGET_MS))
+        print(row("init + two apps (replay), new", replay_fresh, FILTER_TARGET_MS))
         print(f"  full GC passes: one-container phase {one_gc}; two-container phase {two_gc}")
         b = statistics.median(base)
         print(
