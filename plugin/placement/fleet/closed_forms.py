@@ -381,27 +381,40 @@ def _init_pool(
         g_free[alone] = free[alone, g_gpu[alone]]
     beside = np.flatnonzero(placed_init & (w_init > 0))
     if beside.size:
-        whole_gpus = _whole_gpus(fleet, beside, w_init[beside], policy, pretaken=None)
-        whole_before[beside] = whole_gpus.taken
-        joined = np.flatnonzero(r_init[beside] > 0)
-        if joined.size:
-            # on every row of ``beside`` (rows without a remainder are not read)
-            value, gpu, column = _remainder_gpu(
-                fleet,
-                beside,
-                r_init[beside],
-                policy,
-                whole_gpus,
-                locate=True,
-                locate_complete=True,
-            )
-            assert gpu is not None
-            assert column is not None
-            where = beside[joined]
-            g_gpu[where] = gpu[joined]
-            g_column[where] = column[joined]
-            g_free[where] = value[joined]
+        whole_before[beside], g_gpu[beside], g_column[beside], g_free[beside] = _whole_then_rest(
+            fleet, beside, w_init[beside], r_init[beside], policy, pretaken=None
+        )
     return Pool(placed_init, w_init, r_init, g_gpu, g_column, g_free, whole_before)
+
+
+def _whole_then_rest(
+    fleet: Fleet,
+    rows: Ints,
+    whole: Ints,
+    rest: Ints,
+    policy: AllocationPolicy,
+    *,
+    pretaken: Ints | None,
+) -> tuple[Ints, Ints, Ints, Ints]:
+    """A container's whole GPUs on ``rows`` and the GPU its rest joins beside them:
+    its whole GPUs per NUMA column, and that GPU's position (-1 when completely free),
+    NUMA column and free units before; -1, -1 and 0 on rows without a rest."""
+    whole_gpus = _whole_gpus(fleet, rows, whole, policy, pretaken=pretaken)
+    gpu = np.full(rows.size, -1, dtype=np.int64)
+    column = np.full(rows.size, -1, dtype=np.int64)
+    free = np.zeros(rows.size, dtype=np.int64)
+    with_rest = np.flatnonzero(rest > 0)
+    if with_rest.size:
+        # on every row (rows without a rest are not read)
+        value, located, located_column = _remainder_gpu(
+            fleet, rows, rest, policy, whole_gpus, locate=True, locate_complete=True
+        )
+        assert located is not None
+        assert located_column is not None
+        gpu[with_rest] = located[with_rest]
+        column[with_rest] = located_column[with_rest]
+        free[with_rest] = value[with_rest]
+    return whole_gpus.taken, gpu, column, free
 
 
 def after_pool(
@@ -573,25 +586,14 @@ def _grown(
         pretaken = before[whole_rows].copy()
         with_g = np.flatnonzero(g_column[whole_rows] >= 0)
         pretaken[with_g, g_column[whole_rows[with_g]]] += 1
-        whole_gpus = _whole_gpus(fleet, whole_rows, whole[whole_rows], policy, pretaken=pretaken)
-        per_column[whole_rows] = whole_gpus.taken
-        with_rest = np.flatnonzero(rest[whole_rows] > 0)
-        if with_rest.size:
-            value, located, located_column = _remainder_gpu(
-                fleet,
-                whole_rows,
-                rest[whole_rows],
-                policy,
-                whole_gpus,
-                locate=True,
-                locate_complete=True,
-            )
-            assert located is not None
-            assert located_column is not None
-            where = whole_rows[with_rest]
-            gpu[where] = located[with_rest]
-            column[where] = located_column[with_rest]
-            gpu_free[where] = value[with_rest]
+        (
+            per_column[whole_rows],
+            gpu[whole_rows],
+            column[whole_rows],
+            gpu_free[whole_rows],
+        ) = _whole_then_rest(
+            fleet, whole_rows, whole[whole_rows], rest[whole_rows], policy, pretaken=pretaken
+        )
     return Pool(fits, whole, rest, gpu, column, gpu_free, per_column)
 
 
