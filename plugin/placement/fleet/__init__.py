@@ -11,8 +11,8 @@ whole-GPU step, over a node's few GPUs, with every node handled by one numpy
 operation at each step. The common pod shapes have closed forms that cost a
 fraction of the replay's ~100 passes per container: one container asking;
 shares below a GPU in sidecars or app containers before one last container;
-an init container's units reused by the one container after it; and shares in
-sidecars before such a pair.
+init containers, each reusing what the ones before hold, then one more
+container, after sidecars' shares or not.
 
 Exactly place_pod's answer, not an approximation: the same order of whole
 GPUs (NUMA groups as :func:`~plugin.placement.units._order_whole` ranks them),
@@ -45,9 +45,7 @@ from plugin.placement.fleet.arrays import (
     numa_key,
 )
 from plugin.placement.fleet.closed_forms import (
-    init_then_one,
     one_container,
-    shares_then_init_then_one,
     shares_then_inits_then_one,
     without_reuse,
 )
@@ -83,9 +81,9 @@ def place_pod_on_fleet(
 
     The same answer by the cheapest way that applies: row by row with place_pod
     itself for a few rows; a closed form for one container asking, for shares
-    before one last container with nothing reused, for an init container's units
-    reused by the one after it, and for shares before such a pair; else the
-    replay over arrays.
+    before one last container with nothing reused, and for init containers (each
+    reusing what the ones before hold) before one last container, after shares or
+    not; else the replay over arrays.
     """
     if fleet.free.shape[0] < node_by_node_below:
         return row_by_row(fleet, containers, policy)
@@ -101,28 +99,7 @@ def place_pod_on_fleet(
         chained = without_reuse(fleet, containers, asking, policy)
         if chained is not None:
             return chained
-    if (
-        len(asking) > 2
-        and containers[asking[-2]].kind == "init"
-        and all(containers[i].kind != "init" for i in asking[:-2])
-    ):
-        chained = shares_then_init_then_one(fleet, containers, asking, policy)
-        if chained is not None:
-            return chained
-    if len(asking) == 2 and containers[asking[0]].kind == "init":
-        first, second = asking
-        share = containers[first].units
-        rows, width = fleet.free.shape
-        if rows and width:
-            return init_then_one(
-                fleet,
-                first=first,
-                share=share,
-                second=second,
-                units=containers[second].units,
-                policy=policy,
-            )
-    if len(asking) > 2:
+    if len(asking) > 1:
         chained = shares_then_inits_then_one(fleet, containers, asking, policy)
         if chained is not None:
             return chained

@@ -8,12 +8,9 @@ down directly:
 * one container asking (:func:`one_container`);
 * shares below a GPU in sidecars or app containers before one last container,
   none reusing another's units (:func:`without_reuse`);
-* an init container's units (below a GPU or several GPUs), reused by the one
-  container after it (:func:`init_then_one`);
-* both: shares in sidecars, then an init container reused by the one after it
-  (:func:`shares_then_init_then_one`);
-* init containers one after another, each reusing what the ones before hold, then
-  one more container, after shares or not (:func:`shares_then_inits_then_one`).
+* init containers, each reusing what the ones before hold (below a GPU or
+  several GPUs), then one more container, after sidecars' shares or not
+  (:func:`shares_then_inits_then_one`).
 
 Each is held to place_pod by a hypothesis test of its own in
 ``tests/plugin/placement/test_fleet.py``.
@@ -172,34 +169,6 @@ def without_reuse(
     return shares_then(fleet, containers, asking[:-1], policy, tail)
 
 
-def shares_then_init_then_one(
-    fleet: Fleet,
-    containers: Sequence[ContainerRequest],
-    asking: Sequence[int],
-    policy: AllocationPolicy,
-) -> FleetPlacement | None:
-    """Shares below a GPU in sidecars (nothing reused), then an init container whose
-    units the one container after it reuses; None where a share is a GPU or more.
-
-    The sidecars' units are not reusable, and place_units ranks nothing by where
-    they went: the init container and the next one are :func:`init_then_one` on
-    what the shares left (:func:`shares_then`).
-    """
-    first, second = asking[-2], asking[-1]
-
-    def tail(left: Fleet) -> tuple[FleetPlacement, Ints]:
-        return init_then_one_located(
-            left,
-            first=first,
-            share=containers[first].units,
-            second=second,
-            units=containers[second].units,
-            policy=policy,
-        )
-
-    return shares_then(fleet, containers, asking[:-2], policy, tail)
-
-
 def shares_then(
     fleet: Fleet,
     containers: Sequence[ContainerRequest],
@@ -264,51 +233,6 @@ def shares_then(
         left_on_used=left_on_used,
         units_taken=earlier + final.units_taken,
     )
-
-
-def init_then_one(
-    fleet: Fleet, *, first: int, share: int, second: int, units: int, policy: AllocationPolicy
-) -> FleetPlacement:
-    """:func:`init_then_one_located` without the location."""
-    placed, _ = init_then_one_located(
-        fleet, first=first, share=share, second=second, units=units, policy=policy
-    )
-    return placed
-
-
-def init_then_one_located(
-    fleet: Fleet, *, first: int, share: int, second: int, units: int, policy: AllocationPolicy
-) -> tuple[FleetPlacement, Ints]:
-    """An init container's units reused by the one container after it, in closed form;
-    and per row the one partly used GPU the two take units from (-1: none, or it was
-    completely free: all :func:`shares_then` needs to know).
-
-    The init container is placed as a pod of its own: ``w_i`` whole GPUs (the set
-    ``A``) and, for a remainder ``r_i``, one GPU ``g``. The next container asks
-    ``units``:
-
-    * fewer than the init container held: it reuses part of them, which the
-      kubelet picks in no fixed order when they lie on several GPUs (refused,
-      place_pod's REUSE), else it simply reuses them;
-    * more, ``d = units - share`` more: it holds all of them and place_units
-      takes the GPUs held first. Where ``g`` was completely free (or there is
-      no ``g``), the held GPUs become whole ones (``g`` too once ``d`` reaches
-      its free rest; before that the rest joins ``g``) and the others are placed
-      as for one container, the held GPUs' NUMA nodes ranked first
-      (:func:`_beside_whole` with ``pretaken``). Where ``g`` was partly used, the
-      ``d // U`` whole GPUs come from elsewhere and the rest, ``d % U``, must
-      join ``g`` or the share is split: refused.
-
-    Refusals are place_pod's, quoting the free units left after the init
-    container. Held to place_pod by ``tests/plugin/placement/test_fleet.py``.
-    """
-    answer = blank_answer(fleet.free.shape[0])
-    counts = counts_of(fleet)
-    pool = _init_pool(fleet, answer, counts, index=first, share=share, policy=policy)
-    placed, joined, _ = after_pool(
-        fleet, pool, answer, counts, share=share, second=second, units=units, policy=policy
-    )
-    return placed, joined
 
 
 class Pool(NamedTuple):
@@ -430,8 +354,8 @@ def after_pool(
     grow: bool = False,
 ) -> tuple[FleetPlacement, Ints, Pool | None]:
     """The container after an init container, reusing its units (:class:`Pool`, of
-    ``share`` units on every row placed; ``fleet.free`` from before the pool): the
-    second half of :func:`init_then_one_located`, whose docstring says how. With
+    ``share`` units on every row placed; ``fleet.free`` from before the pool), as
+    :func:`inits_then_one`'s docstring says. With
     ``grow``, also the pool this container leaves when it is an init container asking
     more than ``share`` (its own units, held by the next container in turn)."""
     free = fleet.free
@@ -603,14 +527,15 @@ def shares_then_inits_then_one(
     asking: Sequence[int],
     policy: AllocationPolicy,
 ) -> FleetPlacement | None:
-    """Shares below a GPU in sidecars or app containers (none reused), then two init
-    containers or more and one last container: :func:`inits_then_one` on what the
-    shares left (:func:`shares_then`); None where that is not the shape."""
+    """Shares below a GPU in sidecars or app containers (none reused), then init
+    containers and one last container: :func:`inits_then_one` on what the shares left
+    (:func:`shares_then`; the sidecars' units are not reusable, and place_units ranks
+    nothing by where they went); None where that is not the shape."""
     first_init = next((n for n, i in enumerate(asking) if containers[i].kind == "init"), None)
     if first_init is None:
         return None
     shares, chain = asking[:first_init], asking[first_init:]
-    if len(chain) < 3 or any(containers[i].kind != "init" for i in chain[:-1]):
+    if len(chain) < 2 or any(containers[i].kind != "init" for i in chain[:-1]):
         return None
     rows, width = fleet.free.shape
     if not rows or not width:
@@ -632,14 +557,35 @@ def inits_then_one(
     policy: AllocationPolicy,
 ) -> tuple[FleetPlacement, Ints]:
     """Init containers one after another, then one more container, in closed form
-    (``asking``: their positions; the init containers first).
+    (``asking``: their positions; the init containers first); and per row the one
+    partly used GPU they take units from (-1: none, or it was completely free: all
+    :func:`shares_then` needs to know).
 
-    An init container asking no more than the units held reuses part of them (or
-    all) and leaves them held: only place_pod's REUSE refusal can come of it. One
-    asking more holds them all and takes the rest, and its units are then the ones
-    held. So the chain is :func:`after_pool` step after step from the first init
-    container's units, each step growing the pool (:func:`_grown`), and the last
-    container a final step.
+    The first init container is placed as a pod of its own (:func:`_init_pool`). An
+    init container asking no more than the units held reuses part of them (or all)
+    and leaves them held: only place_pod's REUSE refusal can come of it. One asking
+    more holds them all and takes the rest, and its units are then the ones held.
+    So the chain is :func:`after_pool` step after step, each step growing the pool
+    (:func:`_grown`), and the last container a final step.
+
+    One step: the units held (the pool, ``share`` of them) are ``w_i`` whole GPUs
+    (the set ``A``) and, for a remainder ``r_i``, one GPU ``g``. The next container
+    asks ``units``:
+
+    * fewer than the init container held: it reuses part of them, which the
+      kubelet picks in no fixed order when they lie on several GPUs (refused,
+      place_pod's REUSE), else it simply reuses them;
+    * more, ``d = units - share`` more: it holds all of them and place_units
+      takes the GPUs held first. Where ``g`` was completely free (or there is
+      no ``g``), the held GPUs become whole ones (``g`` too once ``d`` reaches
+      its free rest; before that the rest joins ``g``) and the others are placed
+      as for one container, the held GPUs' NUMA nodes ranked first
+      (:func:`_beside_whole` with ``pretaken``). Where ``g`` was partly used, the
+      ``d // U`` whole GPUs come from elsewhere and the rest, ``d % U``, must
+      join ``g`` or the share is split: refused.
+
+    Refusals are place_pod's, quoting the free units left after the init
+    container. Held to place_pod by ``tests/plugin/placement/test_fleet.py``.
     """
     answer = blank_answer(fleet.free.shape[0])
     counts = counts_of(fleet)

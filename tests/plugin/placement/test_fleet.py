@@ -120,9 +120,9 @@ def init_then_one(draw: st.DrawFn, upg: int) -> list[ContainerRequest]:
 def test_an_init_share_reused_in_closed_form_is_place_pods_answer(
     data: st.DataObject, upg: int, policy: AllocationPolicy
 ) -> None:
-    """The closed form for this shape (fleet._init_then_one) on nodes of many NUMA
-    layouts, against place_pod: the whole-GPU order beside the init container's GPU
-    only shows on a few nodes, so it gets examples of its own."""
+    """The closed form for this shape (fleet.inits_then_one with one init container)
+    on nodes of many NUMA layouts, against place_pod: the whole-GPU order beside the
+    init container's GPU only shows on a few nodes, so it gets examples of its own."""
     fleet_nodes = data.draw(st.lists(nodes(upg), min_size=1, max_size=12))
     placed = check(fleet_nodes, data.draw(init_then_one(upg)), policy)
     # the closed form answered, not the replay (which takes nodes that have no GPUs at all)
@@ -183,7 +183,7 @@ def shares_then_init_then_one(draw: st.DrawFn, upg: int) -> list[ContainerReques
 def test_sidecars_before_an_init_share_in_closed_form_are_place_pods_answer(
     data: st.DataObject, upg: int, policy: AllocationPolicy
 ) -> None:
-    """fleet.shares_then_init_then_one against place_pod: the init container's GPU, or
+    """fleet.shares_then_inits_then_one against place_pod: the init container's GPU, or
     the one the next container's rest joins, is often a sidecar's (binpack picks the
     tightest), and must then be counted once."""
     fleet_nodes = data.draw(st.lists(nodes(upg), min_size=1, max_size=12))
