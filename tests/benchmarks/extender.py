@@ -74,6 +74,23 @@ SAMPLED = 420
 FILTER_TARGET_MS, BIND_TARGET_MS = 5.0, 1.0
 
 
+NEW_MULTI_CONTAINER: tuple[tuple[str, str, int, dict[str, int]], ...] = (
+    ("init + app, new ask", "t", 0, {"init_units": 5}),
+    ("sidecar + app, new ask", "s", 0, {"sidecar_units": 10}),
+    ("init of 1.5 GPUs + app, new ask", "r", 150, {"init_units": 150}),
+    (
+        "sidecar + init of 1.5 GPUs + app, new ask",
+        "x",
+        150,
+        {"init_units": 150, "sidecar_units": 10},
+    ),
+    ("two init containers + app, new ask", "y", 150, {"init_units": 150, "setup_units": 30}),
+    ("init + two apps (replay), new", "z", 150, {"init_units": 150, "helper_units": 30}),
+)
+"""The pods with GPUs in several containers that ask what no pod asked before: (figure,
+name prefix, units added to the new ask, :func:`pod` keywords), measured in this order."""
+
+
 def node_ledger(rnd: random.Random, name: str) -> str:
     gpus = []
     for i in range(GPUS):
@@ -231,12 +248,7 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
         renamed: list[float] = []
         fresh: list[float] = []
         two_repeated: list[float] = []
-        two_fresh: list[float] = []
-        sidecar_fresh: list[float] = []
-        whole_init_fresh: list[float] = []
-        chain_fresh: list[float] = []
-        inits_fresh: list[float] = []
-        replay_fresh: list[float] = []
+        multi: dict[str, list[float]] = {label: [] for label, *_ in NEW_MULTI_CONTAINER}
         for k in range(rounds):
             units = sizes[k % len(sizes)]
             # one node changed since the last pod (the last bind's node reported)
@@ -255,7 +267,7 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
                 decide_ms(core, pod(fresh_units, name=fresh_name, uid=fresh_name), candidates)
             )
         one_gc = pauses.take()
-        # Pods with GPUs in two containers, in a phase of their own (node by node,
+        # Pods with GPUs in several containers, in a phase of their own (node by node,
         # their memo grows the heap, and the collector's passes over it land on
         # whichever request runs then: counted below for each phase).
         for k in range(0, rounds, two_every):
@@ -267,85 +279,22 @@ def measure(quick: bool, *, node_by_node: bool = False) -> int:
                 )
             )
             fresh_units = 1 + k if 1 + k not in [*sizes, 70] else 1000 + k
-            two_fresh.append(
-                decide_ms(
-                    core,
-                    pod(fresh_units, name=f"tjob{count}-{k}", uid=f"tj{count}-{k}", init_units=5),
-                    candidates,
+            for label, prefix, extra, shape in NEW_MULTI_CONTAINER:
+                the_pod = pod(
+                    extra + fresh_units,
+                    name=f"{prefix}job{count}-{k}",
+                    uid=f"{prefix}j{count}-{k}",
+                    **shape,
                 )
-            )
-            sidecar_fresh.append(
-                decide_ms(
-                    core,
-                    pod(
-                        fresh_units, name=f"sjob{count}-{k}", uid=f"sj{count}-{k}", sidecar_units=10
-                    ),
-                    candidates,
-                )
-            )
-            whole_init_fresh.append(
-                decide_ms(
-                    core,
-                    pod(
-                        150 + fresh_units,
-                        name=f"rjob{count}-{k}",
-                        uid=f"rj{count}-{k}",
-                        init_units=150,
-                    ),
-                    candidates,
-                )
-            )
-            chain_fresh.append(
-                decide_ms(
-                    core,
-                    pod(
-                        150 + fresh_units,
-                        name=f"xjob{count}-{k}",
-                        uid=f"xj{count}-{k}",
-                        init_units=150,
-                        sidecar_units=10,
-                    ),
-                    candidates,
-                )
-            )
-            inits_fresh.append(
-                decide_ms(
-                    core,
-                    pod(
-                        150 + fresh_units,
-                        name=f"yjob{count}-{k}",
-                        uid=f"yj{count}-{k}",
-                        init_units=150,
-                        setup_units=30,
-                    ),
-                    candidates,
-                )
-            )
-            replay_fresh.append(
-                decide_ms(
-                    core,
-                    pod(
-                        150 + fresh_units,
-                        name=f"zjob{count}-{k}",
-                        uid=f"zj{count}-{k}",
-                        init_units=150,
-                        helper_units=30,
-                    ),
-                    candidates,
-                )
-            )
+                multi[label].append(decide_ms(core, the_pod, candidates))
         two_gc = pauses.take()
         print(row("baseline: total-free check per node", base))
         print(row("repeated ask (one node changed per pod)", repeated, FILTER_TARGET_MS))
         print(row("same sizes, another workload", renamed, FILTER_TARGET_MS))
         print(row("new ask (no earlier answer to reuse)", fresh, FILTER_TARGET_MS))
         print(row("init + app, repeated ask", two_repeated, FILTER_TARGET_MS))
-        print(row("init + app, new ask", two_fresh, FILTER_TARGET_MS))
-        print(row("sidecar + app, new ask", sidecar_fresh, FILTER_TARGET_MS))
-        print(row("init of 1.5 GPUs + app, new ask", whole_init_fresh, FILTER_TARGET_MS))
-        print(row("sidecar + init of 1.5 GPUs + app, new ask", chain_fresh, FILTER_TARGET_MS))
-        print(row("two init containers + app, new ask", inits_fresh, FILTER_TARGET_MS))
-        print(row("init + two apps (replay), new", replay_fresh, FILTER_TARGET_MS))
+        for label, samples in multi.items():
+            print(row(label, samples, FILTER_TARGET_MS))
         print(f"  full GC passes: one-container phase {one_gc}; two-container phase {two_gc}")
         b = statistics.median(base)
         print(
