@@ -7,7 +7,7 @@ placement (:mod:`plugin.placement.fleet`) records one per node; both make the
 words with :func:`refusal_words`, so a node gets the same sentence either way,
 and the extender formats one sentence per distinct key rather than per node.
 The sentences become FailedScheduling events through the scheduler extender;
-where many nodes would each quote their own figures, :func:`spanned_words`
+where many nodes would each quote their own figures, :func:`range_words`
 says the same with each figure's range over them
 (:mod:`plugin.extender.reasons` decides when).
 """
@@ -83,18 +83,6 @@ def refusal_words(key: Sequence[int], containers: Sequence[NamedContainer]) -> s
     return _sentence(kind, containers[index], [Figure(n, n) for n in figures])
 
 
-def spanned_words(keys: Sequence[Sequence[int]], containers: Sequence[NamedContainer]) -> str:
-    """One sentence for several refusals of the same kind and container, each figure
-    quoted as its range over them (``largest 10 to 60``): what many nodes share."""
-    kind, index = keys[0][0], keys[0][1]
-    if any(k[0] != kind or k[1] != index for k in keys):
-        raise ValueError("spanned_words takes refusals of one kind and one container")
-    columns = list(zip(*(k[2:] for k in keys), strict=True))
-    return range_words(
-        kind, index, [min(c) for c in columns], [max(c) for c in columns], containers
-    )
-
-
 def range_words(
     kind: int,
     index: int,
@@ -102,8 +90,9 @@ def range_words(
     high: Sequence[int],
     containers: Sequence[NamedContainer],
 ) -> str:
-    """:func:`spanned_words` from the figures' lowest and highest values, as a caller
-    that computed them over arrays has them."""
+    """One sentence for several refusals of one kind and one container: each figure
+    quoted as its range over them, from its lowest to its highest value (``largest
+    10 to 60``), what many nodes share; one value where they agree."""
     figures = [Figure(lo, hi) for lo, hi in zip(low, high, strict=True)]
     return _sentence(kind, containers[index], figures)
 

@@ -26,8 +26,8 @@ from plugin.placement.refusals import (
     SHORT,
     WHOLE,
     RefusalKey,
+    range_words,
     refusal_words,
-    spanned_words,
 )
 from tests.extender.builders import RESOURCE, ledger, pod
 
@@ -101,13 +101,20 @@ def test_both_paths_summarise_alike_with_several_rules() -> None:
     assert "1 no single GPU has 70 free units (largest 100; 270 free in total)" in message
 
 
+def spanned(keys: list[RefusalKey]) -> str:
+    """range_words over ``keys`` (one kind, one container), as node_reasons calls it."""
+    columns = list(zip(*(key[2:] for key in keys), strict=True))
+    kind, index = keys[0][:2]
+    return range_words(kind, index, [min(c) for c in columns], [max(c) for c in columns], APP)
+
+
 def test_each_figure_spans_what_the_nodes_quote() -> None:
     keys: list[RefusalKey] = [(NO_SINGLE_GPU, 0, 70, 10, 80, 0), (NO_SINGLE_GPU, 0, 70, 60, 230, 0)]
-    assert spanned_words(keys, APP) == (
+    assert spanned(keys) == (
         "no single GPU has 70 free units (largest 10 to 60; 80 to 230 free in total)"
     )
-    same = [(NO_SINGLE_GPU, 0, 70, 40, 80, 0)] * 2
-    assert spanned_words(same, APP) == refusal_words(same[0], APP)
+    same: list[RefusalKey] = [(NO_SINGLE_GPU, 0, 70, 40, 80, 0)] * 2
+    assert spanned(same) == refusal_words(same[0], APP)
 
 
 @pytest.mark.parametrize(
@@ -151,12 +158,18 @@ def test_each_figure_spans_what_the_nodes_quote() -> None:
     ],
 )
 def test_every_rule_has_words_for_a_range(keys: list[RefusalKey], words: str) -> None:
-    assert spanned_words(keys, APP) == words
+    assert spanned(keys) == words
 
 
 def test_refusals_of_different_rules_are_never_merged() -> None:
-    with pytest.raises(ValueError, match="one kind and one container"):
-        spanned_words([(SHORT, 0, 70, 20, 0, 0), (WHOLE, 0, 1, 0, 30, 0)], APP)
+    keys: list[RefusalKey] = [(SHORT, 0, 70, free, 0, 0) for free in range(20)]
+    keys += [(WHOLE, 0, 1, 0, free, 0) for free in range(20)]
+    words = node_reasons(keys, APP)
+    assert set(words) == {
+        'container "main" needs 70 units, 0 to 19 free on healthy GPUs',
+        'container "main" needs 1 completely free GPU and 0 are (0 to 19 units free in total)',
+    }
+    assert words[0] != words[-1]
 
 
 def test_many_amounts_become_a_range_when_even_groups_do_not_fit() -> None:
