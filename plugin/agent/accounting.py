@@ -206,6 +206,9 @@ class Snapshot:
     names are missing by configuration, not because a watch is failing."""
     conflicts: tuple[Conflict, ...] = ()
     """Our shares on GPUs another resource's containers hold too, each pair once."""
+    no_gpus_reason: str | None = None
+    """Why the node shows no GPUs at all (no driver, and no current board from the
+    device plugin), so ``mgctl`` says why instead of an empty table."""
     shares_by_container: Mapping[ContainerKey, tuple[ShareView, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -240,6 +243,7 @@ def build_snapshot(
     liveness: Mapping[str, tuple[int, int]] | None = None,
     pods_watched: bool = True,
     ownership: Ownership = NO_CLAIMS,
+    no_gpus_reason: str | None = None,
 ) -> Snapshot:
     """Join one cycle's inputs into a :class:`Snapshot`.
 
@@ -396,6 +400,7 @@ def build_snapshot(
         problems=tuple(problems),
         pods_watched=pods_watched,
         conflicts=conflicts,
+        no_gpus_reason=no_gpus_reason if not gpus else None,
         shares_by_container={k: tuple(v) for k, v in by_container.items()},
     )
 

@@ -58,7 +58,7 @@ from plugin.agent.enforcement import (
 )
 from plugin.agent.events import QueuedEventSink
 from plugin.agent.gpu_health import BoardReader, DiscoveryLog
-from plugin.agent.gpus import open_backend, read_gpus, resolve_owners
+from plugin.agent.gpus import NoDriver, open_backend, read_gpus, resolve_owners
 from plugin.agent.kube import ApiOpener, KubeEventSink, LedgerPublisher, NodeLabeler
 from plugin.agent.labels import desired_labels
 from plugin.agent.ledger import build_ledger
@@ -161,9 +161,15 @@ class Agent:
         self.pods_watched = pods_watched
         """False without a node name: pods are not watched at all, which is not staleness."""
         self.identities = GpuIdentityBook()
-        """GPU identities seen since start (and those the plugin published), so a
-        lost GPU stays listed under its UUID with its shares."""
-        self.board = BoardReader(health_file_path(config.device_plugins_dir))
+        """GPU identities the agent's own discovery saw since start, so a lost GPU
+        stays listed under its UUID with its shares. Those the plugin published
+        are added each cycle only while its board is current (:meth:`_read_node`):
+        a GPU known only from a board must not outlive the board."""
+        self.board = BoardReader(
+            health_file_path(config.device_plugins_dir),
+            proc_root=self.settings.proc_root,
+            wall=wall,
+        )
         """The device plugin's health board: the one health truth of this node."""
         self.discovery_log = DiscoveryLog()
         self.labels = labels
@@ -332,6 +338,7 @@ class Agent:
             liveness=board.liveness() if board is not None else None,
             pods_watched=self.pods_watched,
             ownership=ownership,
+            no_gpus_reason=None if readings else self.no_gpus_reason(),
         )
         decisions = self.tracker.decide(
             snapshot,
@@ -348,12 +355,29 @@ class Agent:
         """The plugin's board, then every GPU under its remembered identity
         (blocking; one at a time, in a worker thread)."""
         board = self.board.read()
+        identities = self.identities
         if board is not None:
-            self.identities.learn(g.info for g in board.gpus)
+            identities = GpuIdentityBook(identities.known())
+            identities.learn(g.info for g in board.gpus)
         unidentified: list[GpuInfo] = []
-        readings = read_gpus(self.backend, identities=self.identities, unidentified=unidentified)
+        readings = read_gpus(self.backend, identities=identities, unidentified=unidentified)
+        # Only what discovery itself described is remembered (lost ones carry a reason).
+        self.identities.learn(r.info for r in readings)
         self.discovery_log.note(readings, unidentified)
         return readings
+
+    def no_gpus_reason(self) -> str:
+        """Why this node shows no GPUs at all (for ``mgctl``; the labels say
+        ``gpu-count=0`` and the ledger lists none)."""
+        if self.board.last is not None:
+            return "the device plugin found no GPUs on this node (its health board lists none)"
+        driver = (
+            f"no usable GPU driver ({self.backend.reason})"
+            if isinstance(self.backend, NoDriver)
+            else f"the {self.backend.kind} GPU backend lists no GPUs"
+        )
+        board = self.board.problem or "no GPU health board from the device plugin was read yet"
+        return f"{driver}, and {board}"
 
     async def _read_gpus(self, stale: set[Source]) -> tuple[GpuReading, ...]:
         if self._gpu_read is None or self._gpu_read.done():

@@ -40,6 +40,13 @@ from plugin.gpu.identity import GpuIdentityBook
 logger = logging.getLogger(__name__)
 
 
+class NoDriver(NullBackend):
+    """The empty node served when no GPU driver opens, keeping why for ``mgctl``."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
 def open_backend(*, gpus_file: Path | None) -> GpuBackend:
     """Simulated GPUs from ``gpus_file``, else NVML, else an empty node (logged).
 
@@ -50,7 +57,7 @@ def open_backend(*, gpus_file: Path | None) -> GpuBackend:
         return backends.open_backend(gpus_file=gpus_file)
     except GpuBackendError as exc:
         logger.warning("no usable GPU driver, serving a node without GPUs: %s", exc)
-        return NullBackend()
+        return NoDriver(str(exc))
 
 
 def read_gpus(

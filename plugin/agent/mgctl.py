@@ -256,6 +256,8 @@ def describe_scope(doc: Json) -> str:
         line += "  ·  STALE: {} unavailable, showing last known data".format(", ".join(stale))
     if doc.get("podsWatched") is False:
         line += "  ·  pods not watched (the agent has no node name): no pod names"
+    if doc.get("noGpusReason"):
+        line += "\nNO GPUS on this node: {}".format(doc["noGpusReason"])
     return line
 
 

@@ -63,6 +63,7 @@ def _envelope(kind: str, snapshot: Snapshot, caller: Caller, node: str | None) -
         "takenAt": iso_time(snapshot.taken_at) if snapshot.taken_at else None,
         "stale": sorted(snapshot.stale),
         "podsWatched": snapshot.pods_watched,
+        "noGpusReason": snapshot.no_gpus_reason,
         "caller": caller_doc(caller),
     }
 

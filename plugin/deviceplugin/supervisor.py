@@ -62,7 +62,7 @@ from plugin.deviceplugin.servicer import DevicePluginServicer
 from plugin.gpu.backend import GpuBackend, GpuBackendError, NullBackend
 from plugin.gpu.backends import open_backend
 from plugin.gpu.health import HealthPolicy, RecoveryChecks
-from plugin.gpu.health_file import BoardPublisher, health_file_path
+from plugin.gpu.health_file import REFRESH_INTERVAL_S, BoardPublisher, health_file_path
 from plugin.gpu.health_monitor import HealthBoard, HealthMonitor
 from plugin.gpu.identity import GpuIdentityBook
 from plugin.placement.devices import (
@@ -139,6 +139,7 @@ class Supervisor:
         open_api: ApiOpener | None = None,
         pod_resources_factory: Callable[[PluginConfig], NodeDevicesSource] = open_pod_resources,
         ownership_interval_s: float = DEFAULT_INTERVAL_S,
+        board_refresh_s: float = REFRESH_INTERVAL_S,
     ) -> None:
         """``open_api`` opens the Kubernetes API for the pod watch (None: no API,
         the placement policy alone decides, as without the extender)."""
@@ -163,6 +164,9 @@ class Supervisor:
         """Every GPU identity seen since start: a GPU lost at a rediscovery keeps
         its UUID and device IDs (:mod:`plugin.gpu.identity`)."""
         self.publisher: BoardPublisher | None = None
+        self.board_refresh_s = board_refresh_s
+        """How often the health board file is rewritten unchanged, to keep the
+        freshness its stamp promises (:mod:`plugin.gpu.health_file`)."""
         self.state: State = "starting"
         self.starts = 0
         """Serving (re)starts so far; tests wait on it."""
@@ -205,6 +209,7 @@ class Supervisor:
         (the CLI exits 2); later reloads never raise."""
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
+        refresh: asyncio.Task[None] | None = None
         if handle_signals:
             for signum, item in (
                 (signal.SIGTERM, self.request_stop),
@@ -219,6 +224,7 @@ class Supervisor:
             self.board = HealthBoard(_policy(config))
             self.publisher = BoardPublisher(health_file_path(config.device_plugins_dir))
             self.board.add_listener(self.publisher)
+            refresh = asyncio.create_task(self._refresh_board(), name="health-board-refresh")
             await self._watch_assignments(config)
             self._node = await self._start_node(config, backend)
             while True:
@@ -242,6 +248,13 @@ class Supervisor:
             await self._stop_serving()
             await self._stop_node()
             await self._assignments.aclose()
+            if refresh is not None:
+                await _cancel(refresh)
+            if self.publisher is not None and self.publisher.remove():
+                # Written by this process only, and true only while it runs: a
+                # file left behind would be ignored, but an uninstall should
+                # leave nothing on the host.
+                logger.info("removed the GPU health board %s", self.publisher.path)
             if self._retiring:
                 await asyncio.gather(*self._retiring, return_exceptions=True)
             self.state = "stopped"
@@ -360,6 +373,15 @@ class Supervisor:
             await asyncio.to_thread(_close_quietly, backend)
             return None
         return config, backend
+
+    async def _refresh_board(self) -> None:
+        """Rewrite the health board file every ``board_refresh_s`` even when nothing
+        changed: its stamp promises the node agent a fresh file, and the agent
+        stops trusting one that is not refreshed (a hung plugin)."""
+        while True:
+            await asyncio.sleep(self.board_refresh_s)
+            if self.board is not None and self.publisher is not None:
+                self.publisher(self.board)
 
     # ------------------------------------------------------ assignment book
     async def _watch_assignments(self, config: PluginConfig) -> None:

@@ -15,7 +15,15 @@ already or harmlessly (the plugin read-write for its socket, the agent
 read-only), and it is not mounted into tenants' containers as the agent's
 socket directory is. The kubelet empties it when it restarts; the plugin
 re-serves and rewrites the file at once, and the agent keeps its last reading
-meanwhile.
+meanwhile, for as long as that reading is current.
+
+The file outlives its writer (a crash, an uninstall, a reboot), so it carries
+its provenance (:mod:`plugin.api.provenance`): the boot, the plugin process
+that wrote it, and a freshness bound the plugin keeps by rewriting it every
+:data:`REFRESH_INTERVAL_S`. The agent trusts a board only while that writer
+runs on this boot and the bound holds; otherwise the node has no board, and
+without a GPU driver of its own the agent shows no GPUs and says why. The
+plugin removes its own file when it exits, so an uninstall leaves nothing.
 
 Written atomically (a temporary file renamed over the old one), so a reader
 never sees half a document. The format is versioned (``apiVersion: v1``);
@@ -35,6 +43,7 @@ from pathlib import Path
 from typing import Any, Final, get_args
 
 from plugin.api.gpus import GpuInfo
+from plugin.api.provenance import ProvenanceError, Stamp, Writer, current_writer
 from plugin.gpu.health import HEALTHY, UNHEALTHY, Check, GpuHealth
 from plugin.gpu.health_monitor import HealthBoard
 
@@ -44,6 +53,11 @@ logger = logging.getLogger("plugin.health_monitor")
 HEALTH_FILE_NAME: Final = "metagpu-gpu-health.json"
 API_VERSION: Final = "v1"
 KIND: Final = "GpuHealthBoard"
+REFRESH_INTERVAL_S: Final = 10.0
+"""The plugin rewrites the board at least this often, even when nothing changed."""
+VALID_FOR_S: Final = 30.0
+"""The freshness bound written into the board: three refreshes, so one slow
+write (a busy node, a blocked event loop) does not make the agent drop it."""
 _CHECKS: Final = frozenset(get_args(Check))
 """Every value of :data:`plugin.gpu.health.Check` (one list, not a copy that can drift)."""
 
@@ -66,6 +80,9 @@ class PublishedGpu:
 class PublishedBoard:
     written_at: float
     gpus: tuple[PublishedGpu, ...]
+    stamp: Stamp | None = None
+    """Who wrote it and for how long it holds; None from a release without stamps
+    (never current, see :func:`plugin.api.provenance.judge`)."""
 
     def by_uuid(self) -> dict[str, PublishedGpu]:
         return {g.info.uuid: g for g in self.gpus}
@@ -81,8 +98,10 @@ def board_document(
     liveness: Mapping[str, tuple[int, int]],
     *,
     written_at: float,
+    stamp: Stamp | None = None,
 ) -> dict[str, Any]:
-    """The JSON document for a board (pure)."""
+    """The JSON document for a board (pure); ``stamp`` adds its provenance
+    (``writer``, ``validForS``; its ``written_at`` is the document's)."""
     items = []
     for uuid, info in sorted(infos.items(), key=lambda kv: (kv[1].index, kv[0])):
         health = records[uuid]
@@ -104,7 +123,15 @@ def board_document(
                 "livenessChecks": {"ok": ok, "failed": failed},
             }
         )
-    return {"apiVersion": API_VERSION, "kind": KIND, "writtenAt": written_at, "gpus": items}
+    document: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "writtenAt": written_at,
+        "gpus": items,
+    }
+    if stamp is not None:
+        document |= stamp.to_json() | {"writtenAt": written_at}
+    return document
 
 
 def write_board(path: Path, document: Mapping[str, Any]) -> None:
@@ -132,7 +159,10 @@ def parse_board(data: object) -> PublishedBoard:
                 "the plugin and the agent run different releases"
             )
         gpus = tuple(_gpu(item) for item in data["gpus"])
-        return PublishedBoard(written_at=float(data["writtenAt"]), gpus=gpus)
+        stamp = Stamp.from_json(data)
+        return PublishedBoard(written_at=float(data["writtenAt"]), gpus=gpus, stamp=stamp)
+    except ProvenanceError as exc:
+        raise HealthFileError(str(exc)) from exc
     except (KeyError, TypeError, ValueError) as exc:
         raise HealthFileError(f"malformed board: {exc!r}") from exc
 
@@ -189,19 +219,48 @@ def _gpu(item: Mapping[str, Any]) -> PublishedGpu:
 
 
 class BoardPublisher:
-    """A :meth:`HealthBoard.add_listener` that writes the board to ``path``.
+    """A :meth:`HealthBoard.add_listener` that writes the board to ``path``, stamped
+    with this process as its writer.
 
     A failed write is logged once (and once more when writing works again):
-    the plugin keeps serving, only the agent's view goes stale."""
+    the plugin keeps serving, only the agent's view goes stale. Call it again
+    every :data:`REFRESH_INTERVAL_S` (the supervisor does) to keep the stamp's
+    promise, and :meth:`remove` at exit."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        writer: Writer | None = None,
+        valid_for_s: float = VALID_FOR_S,
+    ) -> None:
+        """``writer``: who the stamp names (default: this process, from ``/proc``)."""
         self.path = path
+        self.valid_for_s = valid_for_s
         self._failing: str | None = None
         self.writes = 0
+        self.writer = writer
+        if writer is None:
+            try:
+                self.writer = current_writer()
+            except (OSError, ValueError) as exc:
+                logger.warning(
+                    "cannot tell who this process is (%s); the GPU health board is written "
+                    "without a writer stamp, so the node agent will not trust it",
+                    exc,
+                )
 
     def __call__(self, board: HealthBoard) -> None:
         liveness = {u: (c.ok, c.failed) for u, c in board.liveness().items()}
-        document = board_document(board.gpus, board.records(), liveness, written_at=board.wall())
+        written_at = board.wall()
+        stamp = (
+            None
+            if self.writer is None
+            else Stamp(writer=self.writer, written_at=written_at, valid_for_s=self.valid_for_s)
+        )
+        document = board_document(
+            board.gpus, board.records(), liveness, written_at=written_at, stamp=stamp
+        )
         try:
             write_board(self.path, document)
         except OSError as exc:
@@ -218,3 +277,21 @@ class BoardPublisher:
             logger.info("publishing GPU health to %s works again", self.path)
             self._failing = None
         self.writes += 1
+
+    def remove(self) -> bool:
+        """Delete the file if this process wrote it (not a newer plugin's, during a
+        rolling update); True if it did. Never raises: an exit must not fail on it."""
+        if self.writer is None:
+            return False
+        try:
+            board = read_board(self.path)
+        except HealthFileError:
+            return False
+        if board is None or board.stamp is None or board.stamp.writer != self.writer:
+            return False
+        try:
+            self.path.unlink()
+        except OSError as exc:
+            logger.warning("cannot remove the GPU health board %s: %s", self.path, exc)
+            return False
+        return True

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,22 @@ def place_in_container(proc_root: Path, pid: int, cref: ContainerRef) -> None:
 def place_on_host(proc_root: Path, pid: int) -> None:
     d = _process_dir(proc_root, pid)
     (d / "cgroup").write_text("0::/user.slice/user-0.slice/session-1.scope\n")
+
+
+BOOT_ID = "0b1c2d3e-4f50-4a6b-8c7d-9e0f1a2b3c4d"
+"""The boot ID a fake procfs reports (:func:`fake_boot`)."""
+
+
+def fake_boot(proc_root: Path, boot_id: str = BOOT_ID) -> None:
+    """``<proc_root>/sys/kernel/random/boot_id``, as the agent reads it."""
+    path = proc_root / "sys" / "kernel" / "random" / "boot_id"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(boot_id + "\n")
+
+
+def mirror_this_process(proc_root: Path) -> None:
+    """Make a fake procfs show this test process as it really is (its boot ID and
+    its ``stat``), so a health board that an in-process device plugin stamped is
+    current for an agent reading that procfs."""
+    fake_boot(proc_root, Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+    _process_dir(proc_root, os.getpid())

@@ -39,7 +39,7 @@ from plugin.api.resources import (
 from plugin.gpu.backend import GpuEvent
 from plugin.gpu.health_file import HEALTH_FILE_NAME, read_board
 from plugin.gpu.nvml import NvmlBackend
-from tests.agent.builders import place_on_host, pod
+from tests.agent.builders import mirror_this_process, place_on_host, pod
 from tests.agent.helpers import eventually, run_mgctl
 from tests.harness.kube_api import FakeKubeApi
 from tests.harness.podresources import FakePodResources, running_pod_resources
@@ -69,6 +69,7 @@ async def gpu_node(
     directory = root / "dp"
     directory.mkdir()
     (tmp / "proc").mkdir(exist_ok=True)
+    mirror_this_process(tmp / "proc")  # the in-process plugin's board is current
     spec = gpus_file_spec(gpus(2))
     async with (
         KubeletSim(directory) as kubelet,

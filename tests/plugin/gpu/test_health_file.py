@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from plugin.api.provenance import Stamp, Writer, current_writer
 from plugin.gpu.backend import GpuEvent, MemoryHealth, RemappedRows
 from plugin.gpu.health import RecoveryChecks, memory_problems
 from plugin.gpu.health_file import (
     HEALTH_FILE_NAME,
+    VALID_FOR_S,
     BoardPublisher,
     HealthFileError,
+    PublishedBoard,
     read_board,
 )
 from plugin.gpu.health_monitor import HealthBoard
 from tests.plugin.builders import gpu, uuid_for
+from tests.plugin.conftest import running_plugin
 
 
 async def test_the_board_round_trips_through_the_file(tmp_path: Path) -> None:
@@ -112,3 +118,72 @@ def test_memory_problems_say_what_to_do() -> None:
     assert problems[0][1] == "row remap pending: reset the GPU (nvidia-smi -r) or reboot the node"
     off = RecoveryChecks(volatile_ecc=False, row_remap=False, retired_pages=False)
     assert memory_problems(DAMAGED, off) == []
+
+
+# ------------------------------------------------ issue 32: provenance of the file
+ME = Writer(boot_id="boot-a", pid=4242, start_ticks=5000)
+
+
+def test_the_board_names_its_writer_and_how_long_it_holds(tmp_path: Path) -> None:
+    path = tmp_path / HEALTH_FILE_NAME
+    board = HealthBoard(wall=lambda: 1_700_000_000.0)
+    board.add_listener(BoardPublisher(path, writer=ME, valid_for_s=30.0))
+    board.set_gpus([gpu(0)])
+    published = read_board(path)
+    assert published is not None
+    assert published.stamp == Stamp(writer=ME, written_at=1_700_000_000.0, valid_for_s=30.0)
+    doc = json.loads(path.read_text())
+    assert doc["writer"] == {"bootId": "boot-a", "pid": 4242, "startTicks": 5000}
+
+
+def test_the_plugin_removes_only_the_board_it_wrote(tmp_path: Path) -> None:
+    path = tmp_path / HEALTH_FILE_NAME
+    old, new = BoardPublisher(path, writer=ME), BoardPublisher(path, writer=ME_NEXT)
+    board = HealthBoard()
+    board.set_gpus([gpu(0)])
+    old(board)
+    new(board)  # a newer plugin (a rolling update) wrote over it
+    assert not old.remove()
+    assert path.exists()
+    assert new.remove()
+    assert not path.exists()
+    assert not new.remove()  # nothing there: still no error
+
+
+ME_NEXT = Writer(boot_id="boot-a", pid=4243, start_ticks=6000)
+
+
+async def test_the_running_plugin_refreshes_its_board_and_removes_it_at_exit(
+    short_tmp_path: Path,
+) -> None:
+    directory = short_tmp_path / "dp"
+    directory.mkdir()
+    path = directory / HEALTH_FILE_NAME
+    path.write_text('{"kind": "GpuHealthBoard", "apiVersion": "v1"}')  # an earlier install's
+    async with running_plugin(directory, gpu_count=1) as plugin:
+        plugin.supervisor.board_refresh_s = 0.05
+        first = await eventually_board(path, lambda b: b.stamp is not None)
+        assert first.stamp is not None
+        assert first.stamp.writer == current_writer()
+        later = await eventually_board(
+            path, lambda b: b.stamp is not None and b.written_at > first.written_at
+        )
+        assert later.stamp is not None
+        assert later.stamp.valid_for_s == VALID_FOR_S
+    assert not path.exists()
+
+
+async def eventually_board(
+    path: Path, ok: Callable[[PublishedBoard], bool], *, timeout_s: float = 10.0
+) -> PublishedBoard:
+    """Wait (bounded) for the file to hold a board ``ok`` accepts."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            board = read_board(path)
+        except HealthFileError:
+            board = None
+        if board is not None and ok(board):
+            return board
+        assert asyncio.get_running_loop().time() < deadline, "the board never got there"
+        await asyncio.sleep(0.02)
