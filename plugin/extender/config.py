@@ -61,8 +61,17 @@ class ExtenderConfig(StrictModel):
     """Until the first list of Nodes and Pods is in, filter and bind answer with an error
     (the scheduler retries the pod) and /readyz fails; this long at most before a warning."""
     api_timeout_s: float = Field(default=10.0, gt=0, le=120)
-    """Bound on each API call of a bind (pod read, patch, Binding). kube-scheduler's
-    extender ``httpTimeout`` (default 30 s) must exceed three of these."""
+    """Bound on each API call of a bind (the pod read when no filter call came first, the
+    Binding), connecting and waiting for the answer included. kube-scheduler's extender
+    ``httpTimeout`` (default 30 s) must exceed two of these."""
+    max_binds_in_flight: int = Field(default=128, ge=1, le=1024)
+    """Binds handled at once, and the API connections the binder may open (one each, so
+    no bind waits for another's connection); one more bind is refused at once with a
+    message saying so, and kube-scheduler retries the pod. kube-scheduler binds each pod
+    in a goroutine of its own, so a burst is many binds at once; at the API server's
+    usual tens of milliseconds a burst of 100 pods a second keeps about 10 in flight, and
+    128 leaves room for a slow minute. It stays under kube-apiserver's default
+    ``--max-mutating-requests-inflight`` (200): more would be throttled there."""
     request_timeout_s: float = Field(default=30.0, gt=0, le=300)
     """Bound on handling one request."""
     max_body_bytes: int = Field(default=16 << 20, ge=1 << 16, le=256 << 20)

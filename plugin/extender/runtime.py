@@ -1,4 +1,4 @@
-"""The extender process: API client, ledger cache, binder and HTTP server, in order (adapter)."""
+"""The extender process: API client, ledger cache, binder and its session, HTTP server (adapter)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 
 from plugin.api.commands import freeze_heap
 from plugin.extender.binder import Binder
+from plugin.extender.bindings import BindingClient
 from plugin.extender.cache import LedgerCache
 from plugin.extender.config import ExtenderConfig
 from plugin.extender.metrics import ExtenderMetrics
@@ -28,9 +29,17 @@ async def serve(config: ExtenderConfig, *, open_api: ApiOpener, stop: asyncio.Ev
     metrics = ExtenderMetrics()
     async with open_api(config.kubeconfig) as (api, source):
         logger.info("reading nodes and pods from the Kubernetes API", extra={"credentials": source})
-        async with LedgerCache(api, core, on_expired=metrics.expired.inc) as cache:
+        async with (
+            LedgerCache(api, core, on_expired=metrics.expired.inc) as cache,
+            BindingClient(
+                api, connections=config.max_binds_in_flight, timeout_s=config.api_timeout_s
+            ) as bindings,
+        ):
             binder = Binder(
-                api, core, in_flight=cache.binds_in_flight, timeout_s=config.api_timeout_s
+                bindings,
+                core,
+                in_flight=cache.binds_in_flight,
+                max_in_flight=config.max_binds_in_flight,
             )
             state = ExtenderState(config, core, cache, binder, metrics)
             async with running_extender(state):

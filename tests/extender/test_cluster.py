@@ -22,6 +22,7 @@ import pytest
 from certs.kube import open_api_client
 from plugin.api.scheduling import ANNOTATION_ASSIGNED_GPUS, ANNOTATION_GPU_LEDGER, PodAssignment
 from plugin.extender.binder import Binder
+from plugin.extender.bindings import BindingClient
 from plugin.extender.cache import LedgerCache
 from plugin.extender.config import ExtenderConfig
 from plugin.extender.ledger import NodeView
@@ -65,7 +66,10 @@ async def running(kubeconfig: Path, *, ready: bool = True) -> AsyncIterator[Exte
         cache = await stack.enter_async_context(LedgerCache(api, core, watch_timeout_s=1))
         if ready:
             await asyncio.wait_for(cache.wait_synced(), 10)
-        binder = Binder(api, core, in_flight=cache.binds_in_flight, timeout_s=5)
+        bindings = await stack.enter_async_context(
+            BindingClient(api, connections=config.max_binds_in_flight, timeout_s=5)
+        )
+        binder = Binder(bindings, core, in_flight=cache.binds_in_flight)
         server = await stack.enter_async_context(
             running_extender(ExtenderState(config, core, cache, binder))
         )
@@ -390,9 +394,10 @@ async def test_an_assumption_the_node_never_reports_expires(
             expiry_interval_s=3600,
             on_expired=metrics.expired.inc,
         ) as cache,
+        BindingClient(client, connections=4, timeout_s=5) as bindings,
     ):
         await asyncio.wait_for(cache.wait_synced(), 10)
-        binder = Binder(client, core, clock=lambda: now[0])
+        binder = Binder(bindings, core, clock=lambda: now[0])
         from plugin.extender.protocol import parse_binding
 
         assert await binder.bind(parse_binding(load_fixture("bind-30-units.json"))) == ""
