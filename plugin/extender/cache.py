@@ -8,9 +8,19 @@ Three list+watch loops (:class:`plugin.kube.listwatch.ListWatch`):
   ``metagpu.io/assigned-gpus`` that its node has not reported is assumed
   (this is how a restarted extender rebuilds what it had reserved); a pod
   deleted or ended drops its reservation;
-* **Namespaces**: their annotations, for ``metagpu.io/placement-policy``.
+* **Namespaces**: their annotations, for ``metagpu.io/placement-policy``;
+* **PodDisruptionBudgets** (policy/v1), which preemption weighs as
+  kube-scheduler does. A watch rather than a read per decision: budgets are few,
+  the decision stays synchronous (the filter call never waits on the API), and
+  kube-scheduler keeps them in an informer for the same reason.
 
-Plus a timer that drops assumptions past the assume timeout. The cache is
+The pod watch also keeps, for pods that ask for the extender's resource, what
+preemption needs (priority, labels, start time, terminating;
+:class:`~plugin.extender.podfacts.PodDirectory`), and tells the core when a pod
+named as a victim starts terminating or goes (the preemptor is then nominated).
+
+Plus a timer that drops assumptions past the assume timeout, and nominations
+past theirs. The cache is
 *ready* once Nodes and Pods have been listed; before that the extender
 answers every verb with an error, so the scheduler retries the pod instead
 of placing it on a half-known cluster.
@@ -29,6 +39,10 @@ from typing import Any
 from kubernetes_asyncio import client as k8s_client
 
 from plugin.api.scheduling import ANNOTATION_ASSIGNED_GPUS, ANNOTATION_GPU_LEDGER
+from plugin.extender.budgets import BudgetError, parse_budget
+from plugin.extender.ledger import Nomination
+from plugin.extender.podfacts import pod_facts
+from plugin.extender.pods import PodSpecError, container_requests
 from plugin.extender.service import ExtenderCore
 from plugin.kube.listwatch import WATCH_TIMEOUT_S, ListWatch
 
@@ -47,8 +61,10 @@ class LedgerCache:
         watch_timeout_s: int = WATCH_TIMEOUT_S,
         expiry_interval_s: float | None = None,
         on_expired: Callable[[int], None] | None = None,
+        on_nominated: Callable[[Nomination], None] | None = None,
     ) -> None:
         self._on_expired = on_expired
+        self._on_nominated = on_nominated
         self._core = core
         self._clock = clock
         self.binds_in_flight: set[str] = set()
@@ -76,6 +92,14 @@ class LedgerCache:
             on_event=self._namespace_event,
             watch_timeout_s=watch_timeout_s,
         )
+        self.budgets = ListWatch(
+            "poddisruptionbudgets",
+            k8s_client.PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces,
+            on_list=self._budgets_listed,
+            on_event=self._budget_event,
+            watch_timeout_s=watch_timeout_s,
+        )
+        core.budgets_ready = False
         self._expiry_interval_s = expiry_interval_s or min(5.0, core.assume_timeout_s / 10)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -84,6 +108,7 @@ class LedgerCache:
             asyncio.create_task(self.nodes.run(), name="metagpu-extender-nodes"),
             asyncio.create_task(self.pods.run(), name="metagpu-extender-pods"),
             asyncio.create_task(self.namespaces.run(), name="metagpu-extender-namespaces"),
+            asyncio.create_task(self.budgets.run(), name="metagpu-extender-budgets"),
             asyncio.create_task(self._expire_forever(), name="metagpu-extender-expiry"),
         ]
         return self
@@ -148,8 +173,11 @@ class LedgerCache:
         if not isinstance(uid, str):
             return
         if kind == "DELETED":
+            self._core.directory.drop(uid)
             self._core.ledger.pod_gone(uid)
+            self._victim_leaving(uid)
             return
+        self._note_facts(uid, pod)
         spec = pod.get("spec") or {}
         status = pod.get("status") or {}
         self._core.ledger.observe_pod(
@@ -162,6 +190,55 @@ class LedgerCache:
             now=self._clock(),
             ttl_s=self._core.assume_timeout_s,
         )
+
+    def _note_facts(self, uid: str, pod: dict[str, Any]) -> None:
+        """Keep preemption's facts for pods that ask for the resource (the only ones that
+        can hold units), and drop them for pods that ended."""
+        try:
+            asks = any(
+                c.units for c in container_requests(pod, resource=self._core.ledger.resource)
+            )
+        except PodSpecError:
+            asks = False
+        if not asks or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            self._core.directory.drop(uid)
+            return
+        facts = pod_facts(pod)
+        self._core.directory.put(facts)
+        if facts.terminating:
+            self._victim_leaving(uid)
+
+    def _victim_leaving(self, uid: str) -> None:
+        nominated = self._core.victim_leaving(uid, now=self._clock())
+        if nominated is not None:
+            logger.info(
+                "kube-scheduler preempted the victims named for a pod: its GPU units are held",
+                extra={
+                    "namespace": nominated.namespace,
+                    "pod": nominated.pod,
+                    "node": nominated.node,
+                    "gpus": dict(nominated.taken),
+                },
+            )
+            if self._on_nominated is not None:
+                self._on_nominated(nominated)
+
+    # ------------------------------------------------------------- budgets
+    def _budgets_listed(self, items: Sequence[dict[str, Any]]) -> None:
+        self._core.budgets.replace_all([])
+        for item in items:
+            self._budget_event("ADDED", item)
+        self._core.budgets_ready = True
+
+    def _budget_event(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        if kind == "DELETED":
+            self._core.budgets.remove(str(meta.get("namespace") or ""), str(meta.get("name")))
+            return
+        try:
+            self._core.budgets.put(parse_budget(obj))
+        except BudgetError as exc:
+            logger.warning("ignoring a PodDisruptionBudget: %s", exc)
 
     # ---------------------------------------------------------- namespaces
     def _namespaces_listed(self, items: Sequence[dict[str, Any]]) -> None:
@@ -188,6 +265,11 @@ class LedgerCache:
             self.expire_now()
 
     def expire_now(self) -> None:
+        for lapsed in self._core.ledger.expire_nominations(self._clock()):
+            logger.warning(
+                "units held for a preemptor released: it was not scheduled in time",
+                extra={"namespace": lapsed.namespace, "pod": lapsed.pod, "node": lapsed.node},
+            )
         expired = self._core.ledger.expire(self._clock())
         if expired and self._on_expired is not None:
             self._on_expired(len(expired))

@@ -38,6 +38,27 @@ class ExtenderTlsConfig(StrictModel):
         return self
 
 
+class PreemptionConfig(StrictModel):
+    """Preemption for fractions (``docs/scheduler.md``, "Preemption")."""
+
+    enabled: bool = True
+    """Answer ``preemptVerb`` and evict for pods that fit no single GPU; off: the verb
+    keeps no node and the extender never evicts (pods of higher priority wait)."""
+    handover_s: float = Field(default=1.0, ge=0, le=30)
+    """How long after refusing a pod in the filter the extender waits before evicting for
+    it. kube-scheduler calls ``preemptVerb`` in the same scheduling cycle (PostFilter,
+    milliseconds later) when its own dry run found victims; a second is ample, and the
+    extender then leaves the preemption to it rather than evicting twice."""
+    nomination_timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    """How long the freed units are held for the preemptor. Victims get their
+    ``terminationGracePeriodSeconds`` (30 s by default) to stop, and the node agent
+    reports within seconds; two minutes covers both with room, without holding units
+    for a pod that went away (a pending pod's deletion is not watched)."""
+    spare_s: float = Field(default=60.0, ge=0, le=3600)
+    """After the API refuses to evict a pod (its PodDisruptionBudget), how long the
+    extender chooses other victims instead of retrying that one."""
+
+
 class ExtenderConfig(StrictModel):
     """Everything ``metagpu scheduler-extender`` reads at start-up."""
 
@@ -78,6 +99,7 @@ class ExtenderConfig(StrictModel):
     """Largest request body accepted (413 above). With ``nodeCacheCapable`` a filter is
     the pod plus node names (tens of KiB); a full NodeList of thousands of nodes is MiBs."""
     shutdown_timeout_s: float = Field(default=5.0, ge=0, le=60)
+    preemption: PreemptionConfig = PreemptionConfig()
 
     @field_validator("resource_name")
     @classmethod

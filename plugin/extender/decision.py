@@ -316,16 +316,19 @@ def bind_decision(
     now: float,
     ttl_s: float,
     assigned_at: str,
+    priority: int | None = None,
 ) -> BindDecision | str:
     """The GPUs each container gets on ``node`` (place_pod's answer), or why none can.
 
     Pure and synchronous: the caller reserves with ``ledger.assume`` before its
     first await. A pod that already holds an assumption (a retried bind) is
-    decided without it, so a retry never competes with itself.
+    decided without it, so a retry never competes with itself. Units nominated for
+    a preemptor are free to that pod and to pods of higher ``priority`` only
+    (:meth:`Ledger.view_for`).
     """
     previous = ledger.forget(pod_uid)
     try:
-        view = ledger.view(node)
+        view = ledger.view_for(node, pod_uid=pod_uid, priority=priority)
         outcome = decide(ask, view, memo)
     finally:
         if previous is not None:

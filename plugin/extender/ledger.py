@@ -15,6 +15,18 @@ A pod reported once is *settled*: later events about it never assume it again,
 so a ledger that drops the pod's holders (it ended) and a pod update that
 arrives after it cannot resurrect a reservation.
 
+Two more things hold or release units, for preemption
+(:mod:`plugin.extender.preemption`):
+
+* **nominated**: units a preempting pod is to get once its victims are gone,
+  kept for a bounded time, like kube-scheduler's nominated pods: pods of lower
+  or equal priority see them as taken, the preemptor itself and pods of higher
+  priority do not (:meth:`Ledger.view_for`);
+* **departed**: a pod deleted from the API whose node still reports it (the
+  agent reports within its interval): its units are free for placement at once,
+  as the kubelet's device manager frees the devices of pods that are no longer
+  active, so a preemptor does not wait for the next report.
+
 Times are wall-clock seconds passed in by the caller (the annotation carries
 an RFC 3339 bind time, and a restarted extender must judge it the same way).
 """
@@ -48,6 +60,38 @@ class Assumption:
     taken: Mapping[str, int]
     """GPU ID → units the pod takes there (:attr:`PodPlacement.taken`)."""
     expires_at: float
+
+
+MAX_NOMINATIONS = 1024
+"""Preemptors whose room is held at once (bounded memory); the oldest goes first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Nomination:
+    """Units held on one node for a pod whose victims are being evicted."""
+
+    pod_uid: str
+    namespace: str
+    pod: str
+    node: str
+    priority: int
+    taken: Mapping[str, int]
+    """GPU ID → units the preemptor will take there."""
+    victims: frozenset[str]
+    """The victims' pod UIDs (for the log and the events)."""
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """One pod's units on one node, per GPU position, as reported or assumed."""
+
+    pod_uid: str
+    namespace: str
+    pod: str
+    units: Mapping[int, int]
+    """GPU position on the node → units the pod holds there."""
+    assumed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +134,8 @@ class _Node:
     problem: str | None = None
     reported: frozenset[str] = frozenset()
     """Pods the node reports holding units (their UIDs)."""
+    holdings: tuple[tuple[int, str, int, str, str], ...] = ()
+    """(GPU position, pod UID, units, namespace, pod) per pod and GPU, as reported."""
     generation: int = 0
     view: NodeView | None = None
 
@@ -112,6 +158,10 @@ class Ledger:
         self._shape_epoch = 0
         self._changed: set[str] = set()
         self._changed_overflow = False
+        self._nominated: dict[str, Nomination] = {}
+        self._departed: set[str] = set()
+        self._reported_on: dict[str, str] = {}
+        """Pod UID → the node that reports it (to find a departed pod's node)."""
 
     # ------------------------------------------------------------ reports
     def set_node(self, name: str, annotation: str | None) -> None:
@@ -120,8 +170,9 @@ class Ledger:
         if node is not None and node.raw == annotation and (node.gpus is not None or node.problem):
             return
         node = self._nodes.setdefault(name, _Node())
+        before = node.reported
         node.raw = annotation
-        node.gpus, node.problem, node.reported = None, None, frozenset()
+        node.gpus, node.problem, node.reported, node.holdings = None, None, frozenset(), ()
         if annotation is None:
             node.problem = NO_LEDGER
         else:
@@ -145,6 +196,13 @@ class Ledger:
                         for g in sorted(ledger.gpus, key=lambda g: g.index)
                     )
                     node.reported = frozenset(h.pod_uid for gpu in ledger.gpus for h in gpu.holders)
+                    node.holdings = _holdings(ledger)
+        for uid in before - node.reported:
+            if self._reported_on.get(uid) == name:
+                del self._reported_on[uid]
+            self._departed.discard(uid)
+        for uid in node.reported:
+            self._reported_on[uid] = name
         for uid in list(self._assumed):
             if self._assumed[uid].node == name and uid in node.reported:
                 self._settle(uid)
@@ -154,10 +212,17 @@ class Ledger:
 
     def drop_node(self, name: str) -> None:
         """The Node object is gone."""
-        self._nodes.pop(name, None)
+        gone = self._nodes.pop(name, None)
         self._note_change(name)
         for uid in [u for u, a in self._assumed.items() if a.node == name]:
             del self._assumed[uid]
+        for uid in [u for u, n in self._nominated.items() if n.node == name]:
+            del self._nominated[uid]
+        if gone is not None:
+            for uid in gone.reported:
+                self._departed.discard(uid)
+                if self._reported_on.get(uid) == name:
+                    del self._reported_on[uid]
 
     # --------------------------------------------------------- assumptions
     def assume(self, assumption: Assumption) -> None:
@@ -165,6 +230,9 @@ class Ledger:
         old = self._assumed.get(assumption.pod_uid)
         self._assumed[assumption.pod_uid] = assumption
         self._settled.discard(assumption.pod_uid)
+        nominated = self._nominated.pop(assumption.pod_uid, None)
+        if nominated is not None and nominated.node != assumption.node:
+            self._touch(nominated.node)
         if old is not None and old.node != assumption.node:
             self._touch(old.node)
         self._touch(assumption.node)
@@ -177,9 +245,79 @@ class Ledger:
         return gone
 
     def pod_gone(self, pod_uid: str) -> None:
-        """The pod was deleted: forget it entirely."""
+        """The pod was deleted: forget it entirely; units its node still reports are
+        free from now on (*departed*) until the node's next report drops them."""
         self.forget(pod_uid)
         self._settled.discard(pod_uid)
+        node = self._reported_on.get(pod_uid)
+        if node is not None and pod_uid not in self._departed:
+            self._departed.add(pod_uid)
+            self._touch(node)
+
+    # --------------------------------------------------------- nominations
+    def nominate(self, nomination: Nomination) -> None:
+        """Hold ``nomination.taken`` on its node for the preemptor until it is bound
+        (:meth:`assume`), withdrawn, or the nomination expires."""
+        old = self._nominated.pop(nomination.pod_uid, None)
+        if old is not None:
+            self._touch(old.node)
+        while len(self._nominated) >= MAX_NOMINATIONS:
+            oldest = next(iter(self._nominated))
+            self._touch(self._nominated.pop(oldest).node)
+        self._nominated[nomination.pod_uid] = nomination
+        self._touch(nomination.node)
+
+    def withdraw(self, pod_uid: str) -> Nomination | None:
+        gone = self._nominated.pop(pod_uid, None)
+        if gone is not None:
+            self._touch(gone.node)
+        return gone
+
+    def nomination(self, pod_uid: str) -> Nomination | None:
+        return self._nominated.get(pod_uid)
+
+    def nominations(self) -> list[Nomination]:
+        return list(self._nominated.values())
+
+    def expire_nominations(self, now: float) -> list[Nomination]:
+        gone = [n for n in self._nominated.values() if n.expires_at <= now]
+        for n in gone:
+            self.withdraw(n.pod_uid)
+        return gone
+
+    def sees_through(self, *, pod_uid: str, priority: int | None) -> list[Nomination]:
+        """Nominations a pod does not see as taken: its own, and those of lower priority
+        (kube-scheduler adds only nominated pods of equal or higher priority to a node
+        when it filters, ``addGENominatedPods``). Empty almost always: one dict check."""
+        if not self._nominated:
+            return []
+        return [
+            n
+            for n in self._nominated.values()
+            if n.pod_uid == pod_uid or (priority is not None and priority > n.priority)
+        ]
+
+    def holdings(self, name: str) -> list[Holding]:
+        """Every pod holding units on the node: reported (less the departed) and assumed."""
+        node = self._nodes.get(name)
+        if node is None or node.gpus is None:
+            return []
+        position = {gpu[0]: pos for pos, gpu in enumerate(node.gpus)}
+        found: dict[str, Holding] = {}
+        for pos, uid, units, namespace, pod in node.holdings:
+            if uid in self._departed or uid in self._assumed:
+                continue
+            held = found.get(uid)
+            merged = dict(held.units) if held is not None else {}
+            merged[pos] = merged.get(pos, 0) + units
+            found[uid] = Holding(uid, namespace, pod, merged, assumed=False)
+        for a in self._assumed.values():
+            if a.node != name:
+                continue
+            taken = {position[g]: n for g, n in a.taken.items() if g in position and n}
+            if taken:
+                found[a.pod_uid] = Holding(a.pod_uid, a.namespace, a.pod, taken, assumed=True)
+        return list(found.values())
 
     def observe_pod(
         self,
@@ -268,29 +406,76 @@ class Ledger:
             return node.view
         if node.gpus is None:
             return node.problem or NO_LEDGER
+        node.view = self._build_view(name, node, ())
+        return node.view
+
+    def view_for(self, name: str, *, pod_uid: str, priority: int | None) -> NodeView | str:
+        """:meth:`view` as one pod sees it: without the nominations it sees through
+        (:meth:`sees_through`). The shared view when there are none on this node."""
+        if not self._nominated:
+            return self.view(name)
+        skip = tuple(
+            n for n in self.sees_through(pod_uid=pod_uid, priority=priority) if n.node == name
+        )
+        node = self._nodes.get(name)
+        if not skip or node is None or node.gpus is None:
+            return self.view(name)
+        return self._build_view(name, node, skip)
+
+    def view_released(self, view: NodeView, released: Mapping[int, int]) -> NodeView:
+        """``view`` with ``released`` units (GPU position → units) handed back: what the
+        node looks like once those holders are gone (capped at the GPU's units)."""
+        gpus = tuple(
+            GpuState(
+                g.id, min(view.units_per_gpu, g.free + released.get(pos, 0)), g.healthy, g.numa
+            )
+            if released.get(pos)
+            else g
+            for pos, g in enumerate(view.gpus)
+        )
+        return NodeView(
+            view.node, view.units_per_gpu, gpus, -1, self._shape(view.units_per_gpu, gpus)
+        )
+
+    def _build_view(self, name: str, node: _Node, skip: tuple[Nomination, ...]) -> NodeView:
+        assert node.gpus is not None
         extra: dict[str, int] = {}
         for a in self._assumed.values():
             if a.node != name:
                 continue
             for gpu, units in a.taken.items():
                 extra[gpu] = extra.get(gpu, 0) + units
+        for n in self._nominated.values():
+            if n.node != name or n in skip:
+                continue
+            for gpu, units in n.taken.items():
+                extra[gpu] = extra.get(gpu, 0) + units
+        if self._departed:
+            for pos, uid, units, _ns, _pod in node.holdings:
+                if uid in self._departed:
+                    gpu_id = node.gpus[pos][0]
+                    extra[gpu_id] = extra.get(gpu_id, 0) - units
         gpus = tuple(
             GpuState(
                 id=uuid,
-                free=max(0, units - used - extra.get(uuid, 0)),
+                free=max(0, min(units, units - used - extra.get(uuid, 0))),
                 healthy=healthy,
                 numa=numa,
             )
             for uuid, units, used, healthy, numa in node.gpus
         )
-        key = (node.units_per_gpu, tuple((g.free, g.healthy, g.numa) for g in gpus))
+        generation = node.generation if not skip else -1
+        return NodeView(
+            name, node.units_per_gpu, gpus, generation, self._shape(node.units_per_gpu, gpus)
+        )
+
+    def _shape(self, units_per_gpu: int, gpus: tuple[GpuState, ...]) -> int:
+        key = (units_per_gpu, tuple((g.free, g.healthy, g.numa) for g in gpus))
         if len(self._shapes) >= MAX_SHAPES:
             # Start over under a new epoch, so no id handed out before means a new shape.
             self._shapes.clear()
             self._shape_epoch += 1
-        shape = self._shapes.setdefault(key, (self._shape_epoch << 20) | len(self._shapes))
-        node.view = NodeView(name, node.units_per_gpu, gpus, node.generation, shape)
-        return node.view
+        return self._shapes.setdefault(key, (self._shape_epoch << 20) | len(self._shapes))
 
     # ---------------------------------------------------------- internals
     def _settle(self, uid: str) -> None:
@@ -312,6 +497,17 @@ class Ledger:
         if len(self._changed) > 2 * len(self._nodes) + 1024:
             self._changed.clear()
             self._changed_overflow = True
+
+
+def _holdings(ledger: NodeLedger) -> tuple[tuple[int, str, int, str, str], ...]:
+    """Each pod's units per GPU position (its containers' summed), in GPU order."""
+    units: dict[tuple[int, str], int] = {}
+    names: dict[str, tuple[str, str]] = {}
+    for pos, gpu in enumerate(sorted(ledger.gpus, key=lambda g: g.index)):
+        for h in gpu.holders:
+            units[(pos, h.pod_uid)] = units.get((pos, h.pod_uid), 0) + h.units
+            names[h.pod_uid] = (h.namespace, h.pod)
+    return tuple((pos, uid, n, *names[uid]) for (pos, uid), n in units.items())
 
 
 def _taken_from_containers(assignment: PodAssignment) -> dict[str, int]:

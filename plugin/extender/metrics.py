@@ -10,7 +10,13 @@ What an operator watches:
 * ``metagpu_extender_assumed_pods``: reservations the nodes have not reported
   yet (should return to 0 within seconds of each bind);
 * ``metagpu_extender_assumptions_expired_total``: nodes that never reported
-  a bound pod (agent down or stale ledger).
+  a bound pod (agent down or stale ledger);
+* ``metagpu_extender_preemptions_total{path, outcome}``: preemptions for fractions,
+  by who evicts (``scheduler``: kube-scheduler deleted the victims the extender
+  named; ``extender``: the extender evicted them itself) and how it ended;
+* ``metagpu_extender_evictions_total{outcome}``: the extender's Eviction API calls
+  (``refused``: a PodDisruptionBudget said no, 429);
+* ``metagpu_extender_nominations``: units held for preemptors right now.
 """
 
 from __future__ import annotations
@@ -20,8 +26,17 @@ from typing import Final, Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-Verb = Literal["filter", "prioritize", "bind"]
-VERBS: Final[tuple[Verb, ...]] = ("filter", "prioritize", "bind")
+Verb = Literal["filter", "prioritize", "bind", "preempt"]
+VERBS: Final[tuple[Verb, ...]] = ("filter", "prioritize", "bind", "preempt")
+
+PreemptionPath = Literal["scheduler", "extender"]
+PreemptionOutcome = Literal["nominated", "evicted", "handed_over", "refused", "failed"]
+PREEMPTION_OUTCOMES: Final[dict[PreemptionPath, tuple[PreemptionOutcome, ...]]] = {
+    "scheduler": ("nominated",),
+    "extender": ("nominated", "evicted", "handed_over", "refused", "failed"),
+}
+EvictionOutcome = Literal["evicted", "gone", "refused", "failed"]
+EVICTION_OUTCOMES: Final[tuple[EvictionOutcome, ...]] = ("evicted", "gone", "refused", "failed")
 METRICS_CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS_S: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
@@ -69,6 +84,29 @@ class ExtenderMetrics:
             "Nodes the extender knows (with or without a GPU ledger).",
             registry=self.registry,
         )
+        self.preemptions = Counter(
+            "metagpu_extender_preemptions",
+            "Preemptions for fractions by path (scheduler: kube-scheduler deleted the victims "
+            "the extender named; extender: the extender evicted them) and outcome.",
+            ("path", "outcome"),
+            registry=self.registry,
+        )
+        self.evictions = Counter(
+            "metagpu_extender_evictions",
+            "Eviction API calls of the extender by outcome (refused: a PodDisruptionBudget).",
+            ("outcome",),
+            registry=self.registry,
+        )
+        self.nominations = Gauge(
+            "metagpu_extender_nominations",
+            "Preemptors whose freed GPU units are held for them now.",
+            registry=self.registry,
+        )
+        for path, outcomes in PREEMPTION_OUTCOMES.items():
+            for preemption in outcomes:
+                self.preemptions.labels(path, preemption)
+        for eviction in EVICTION_OUTCOMES:
+            self.evictions.labels(eviction)
         for verb in VERBS:
             for outcome in ("ok", "error"):
                 self.requests.labels(verb, outcome)

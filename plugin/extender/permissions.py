@@ -7,8 +7,13 @@ Two declarations, for the two containers that share the pod's ServiceAccount:
   reported) and Namespaces (``metagpu.io/placement-policy``), reads a pod at
   bind when no filter call told it the pod's request, and creates
   ``pods/binding`` (with the assignment as an annotation of the Binding, so it
-  never patches pods). ``tests/extender/test_cluster.py`` asserts the verbs it
+  never patches pods), and lists and watches PodDisruptionBudgets (which
+  preemption weighs). ``tests/extender/test_cluster.py`` asserts the verbs it
   sends to the fake API are exactly these.
+* :data:`PREEMPTION`: what it calls only when it preempts for a fraction
+  itself: ``pods/eviction`` (the Eviction API, so budgets are honoured) and
+  ``events`` on the preemptor and its victims;
+  ``tests/extender/test_preemption_cluster.py`` checks them.
 * :data:`LEADER_ELECTION`: kube-scheduler's lease under its own name. The
   built-in ``system:kube-scheduler`` ClusterRole only lets it get and update
   the lease named ``kube-scheduler``.
@@ -58,6 +63,32 @@ PERMISSIONS: Final[tuple[Permission, ...]] = (
         verbs=frozenset({"list", "watch"}),
         namespaced=False,
         why="read the metagpu.io/placement-policy annotation of namespaces",
+    ),
+    Permission(
+        group="policy",
+        resource="poddisruptionbudgets",
+        verbs=frozenset({"list", "watch"}),
+        namespaced=False,
+        why="prefer preemption victims whose eviction violates no PodDisruptionBudget, "
+        "as kube-scheduler does (watch-backed cache)",
+    ),
+)
+
+PREEMPTION: Final[tuple[Permission, ...]] = (
+    Permission(
+        group="",
+        resource="pods/eviction",
+        verbs=frozenset({"create"}),
+        namespaced=False,
+        why="evict lower-priority pods so a fraction fits one GPU (PodDisruptionBudgets "
+        "honoured by the API server)",
+    ),
+    Permission(
+        group="",
+        resource="events",
+        verbs=frozenset({"create"}),
+        namespaced=False,
+        why="tell the preemptor and each victim who preempted whom, on which node and GPU",
     ),
 )
 

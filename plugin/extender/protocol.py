@@ -5,7 +5,12 @@ field names: ``Pod``, ``Nodes``, ``NodeNames`` (ExtenderArgs);
 ``Nodes``, ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``,
 ``Error`` (ExtenderFilterResult); ``[{"Host", "Score"}]`` (HostPriorityList,
 scores 0..MaxExtenderPriority = 10); ``PodName``, ``PodNamespace``, ``PodUID``,
-``Node`` (ExtenderBindingArgs); ``Error`` (ExtenderBindingResult). The captured
+``Node`` (ExtenderBindingArgs); ``Error`` (ExtenderBindingResult);
+``Pod``, ``NodeNameToVictims`` (``{Pods: [Pod], NumPDBViolations}``, when not
+``nodeCacheCapable``) or ``NodeNameToMetaVictims`` (``{Pods: [{UID}],
+NumPDBViolations}``) (ExtenderPreemptionArgs), and ``NodeNameToMetaVictims``
+(ExtenderPreemptionResult: the answer is always meta victims, which kube-scheduler
+turns back into pods from its own cache, ``convertToVictims``). The captured
 requests in ``tests/fixtures/scheduler-extender/`` are what kube-scheduler
 v1.28.7 really sent.
 
@@ -55,6 +60,44 @@ class ExtenderArgs(_Wire):
         ]
 
 
+class MetaPod(_Wire):
+    UID: str
+
+
+class MetaVictims(_Wire):
+    Pods: list[MetaPod] | None = None
+    NumPDBViolations: int = 0
+
+
+class Victims(_Wire):
+    Pods: list[dict[str, Any]] | None = None
+    NumPDBViolations: int = 0
+
+
+class ExtenderPreemptionArgs(_Wire):
+    Pod: dict[str, Any]
+    NodeNameToVictims: dict[str, Victims | None] | None = None
+    """Full pods, sent only when the extender is not ``nodeCacheCapable``."""
+    NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
+    """UIDs only, sent when the extender is ``nodeCacheCapable`` (ours is)."""
+
+    def offered(self) -> dict[str, tuple[list[str], int]]:
+        """Node → (the victims' UIDs kube-scheduler found, its PDB violation count)."""
+        out: dict[str, tuple[list[str], int]] = {}
+        for node, meta in (self.NodeNameToMetaVictims or {}).items():
+            pods = (meta.Pods or []) if meta is not None else []
+            out[node] = ([p.UID for p in pods], meta.NumPDBViolations if meta else 0)
+        for node, full in (self.NodeNameToVictims or {}).items():
+            if node in out:
+                continue
+            uids = [
+                str((p.get("metadata") or {}).get("uid") or "")
+                for p in ((full.Pods or []) if full is not None else [])
+            ]
+            out[node] = ([u for u in uids if u], full.NumPDBViolations if full else 0)
+        return out
+
+
 class ExtenderBindingArgs(_Wire):
     PodName: str
     PodNamespace: str
@@ -79,9 +122,30 @@ class ExtenderBindingResult(TypedDict):
     Error: str
 
 
+class MetaPodResult(TypedDict):
+    UID: str
+
+
+class MetaVictimsResult(TypedDict):
+    Pods: list[MetaPodResult]
+    NumPDBViolations: int
+
+
+class ExtenderPreemptionResult(TypedDict):
+    NodeNameToMetaVictims: dict[str, MetaVictimsResult]
+
+
 def parse_args(body: object) -> ExtenderArgs:
     """ExtenderArgs from decoded JSON, or :class:`ProtocolError` naming what is wrong."""
     return _parse(ExtenderArgs, body, "ExtenderArgs {Pod, Nodes, NodeNames}")
+
+
+def parse_preemption(body: object) -> ExtenderPreemptionArgs:
+    return _parse(
+        ExtenderPreemptionArgs,
+        body,
+        "ExtenderPreemptionArgs {Pod, NodeNameToVictims, NodeNameToMetaVictims}",
+    )
 
 
 def parse_binding(body: object) -> ExtenderBindingArgs:

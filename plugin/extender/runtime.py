@@ -10,6 +10,7 @@ from plugin.extender.binder import Binder
 from plugin.extender.bindings import BindingClient
 from plugin.extender.cache import LedgerCache
 from plugin.extender.config import ExtenderConfig
+from plugin.extender.evictor import Evictor
 from plugin.extender.metrics import ExtenderMetrics
 from plugin.extender.opener import ApiOpener
 from plugin.extender.server import ExtenderState, running_extender
@@ -25,12 +26,19 @@ async def serve(config: ExtenderConfig, *, open_api: ApiOpener, stop: asyncio.Ev
         resource=config.resource_name,
         default_policy=config.placement_policy,
         assume_timeout_s=config.assume_timeout_s,
+        preemption=config.preemption,
     )
     metrics = ExtenderMetrics()
     async with open_api(config.kubeconfig) as (api, source):
         logger.info("reading nodes and pods from the Kubernetes API", extra={"credentials": source})
         async with (
-            LedgerCache(api, core, on_expired=metrics.expired.inc) as cache,
+            LedgerCache(
+                api,
+                core,
+                on_expired=metrics.expired.inc,
+                on_nominated=lambda _: metrics.preemptions.labels("scheduler", "nominated").inc(),
+            ) as cache,
+            Evictor(api, core, metrics, timeout_s=config.api_timeout_s) as evictor,
             BindingClient(
                 api, connections=config.max_binds_in_flight, timeout_s=config.api_timeout_s
             ) as bindings,
@@ -41,7 +49,14 @@ async def serve(config: ExtenderConfig, *, open_api: ApiOpener, stop: asyncio.Ev
                 in_flight=cache.binds_in_flight,
                 max_in_flight=config.max_binds_in_flight,
             )
-            state = ExtenderState(config, core, cache, binder, metrics)
+            state = ExtenderState(
+                config,
+                core,
+                cache,
+                binder,
+                metrics,
+                evictor=evictor if config.preemption.enabled else None,
+            )
             async with running_extender(state):
                 try:
                     await asyncio.wait_for(cache.wait_synced(), config.initial_sync_timeout_s)

@@ -1,6 +1,6 @@
 """The HTTP(S) shell around the extender's verbs (adapter): app factory, handlers, runner.
 
-``POST /filter``, ``/prioritize`` and ``/bind`` take the upstream JSON
+``POST /filter``, ``/prioritize``, ``/bind`` and ``/preempt`` take the upstream JSON
 (:mod:`plugin.extender.protocol`). Two error channels, as for the webhook:
 
 * the *request* is unusable (not JSON, not the message the verb expects, too
@@ -37,12 +37,14 @@ from aiohttp import web
 from plugin.api import jsonwire
 from plugin.extender.config import ExtenderConfig
 from plugin.extender.metrics import METRICS_CONTENT_TYPE, ExtenderMetrics, Verb
+from plugin.extender.preemption_book import Proposal
 from plugin.extender.protocol import (
     ExtenderBindingArgs,
     ProtocolError,
     filter_result,
     parse_args,
     parse_binding,
+    parse_preemption,
 )
 from plugin.extender.service import ExtenderCore
 
@@ -60,6 +62,10 @@ class BindPort(Protocol):
     async def bind(self, args: ExtenderBindingArgs) -> str: ...
 
 
+class EvictPort(Protocol):
+    def start(self, proposal: Proposal) -> None: ...
+
+
 @dataclass
 class ExtenderState:
     config: ExtenderConfig
@@ -67,6 +73,10 @@ class ExtenderState:
     cache: Readiness
     binder: BindPort
     metrics: ExtenderMetrics = field(default_factory=ExtenderMetrics)
+    evictor: EvictPort | None = None
+    """Evicts for the extender's own preemptions; None: the extender never evicts
+    (``preemptVerb`` still answers)."""
+    clock: Callable[[], float] = time.time
 
 
 STATE_KEY: Final = web.AppKey("metagpu_extender_state", ExtenderState)
@@ -83,6 +93,7 @@ def create_app(state: ExtenderState) -> web.Application:
     app.router.add_post("/filter", handle_filter)
     app.router.add_post("/prioritize", handle_prioritize)
     app.router.add_post("/bind", handle_bind)
+    app.router.add_post("/preempt", handle_preempt)
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)
@@ -143,6 +154,21 @@ async def handle_filter(request: web.Request) -> web.Response:
         state.metrics.nodes_failed.inc(
             len(result["FailedNodes"]) + len(result["FailedAndUnresolvableNodes"])
         )
+        if state.evictor is not None and not result["NodeNames"]:
+            proposal = state.core.consider_preemption(args, result, now=state.clock())
+            if proposal is not None:
+                state.metrics.preemptions.labels("extender", "nominated").inc()
+                logger.info(
+                    "preempting for a fraction: no single GPU has room without lower-priority pods",
+                    extra={
+                        "namespace": proposal.preemptor.namespace,
+                        "pod": proposal.preemptor.name,
+                        "node": proposal.plan.node,
+                        "gpus": list(proposal.plan.gpus),
+                        "victims": [f"{v.namespace}/{v.name}" for v in proposal.plan.victims],
+                    },
+                )
+                state.evictor.start(proposal)
         return result
 
     return await _serve(request, "filter", answer)
@@ -178,6 +204,21 @@ async def handle_bind(request: web.Request) -> web.Response:
         return {"Error": error}
 
     return await _serve(request, "bind", answer)
+
+
+async def handle_preempt(request: web.Request) -> web.Response:
+    """``preemptVerb``: ExtenderPreemptionArgs in, ExtenderPreemptionResult out."""
+    state = request.app[STATE_KEY]
+
+    async def answer(body: object) -> object:
+        args = parse_preemption(body)
+        if not state.cache.ready:
+            # No victims named on a half-known cluster: an empty map keeps no node, and
+            # kube-scheduler retries the pod.
+            return {"NodeNameToMetaVictims": {}}
+        return state.core.preempt(args, now=state.clock())
+
+    return await _serve(request, "preempt", answer)
 
 
 async def handle_healthz(request: web.Request) -> web.Response:

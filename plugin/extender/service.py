@@ -14,22 +14,33 @@ from collections.abc import Mapping
 from typing import Any
 
 from plugin.api.config import AllocationPolicy
+from plugin.extender.budgets import BudgetBook
 from plugin.extender.bulk import BulkDecisions
+from plugin.extender.config import PreemptionConfig
 from plugin.extender.decision import (
     BindDecision,
+    FilterOutcome,
     PlacementMemo,
     PodAsk,
     bind_decision,
+    decide,
     filter_nodes,
     prioritize,
+    score,
 )
-from plugin.extender.ledger import Ledger, rfc3339
+from plugin.extender.ledger import Ledger, NodeView, Nomination, rfc3339
 from plugin.extender.matrix import NodeMatrix
+from plugin.extender.podfacts import PodDirectory, pod_facts
 from plugin.extender.pods import PodSpecError, container_requests, placement_policy
+from plugin.extender.preemption import NodePlan, candidates_wanted, search_nodes, select_victims
+from plugin.extender.preemption_book import PreemptionBook, Proposal, nomination
 from plugin.extender.protocol import (
     ExtenderArgs,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
     HostPriority,
+    MetaVictimsResult,
     filter_result,
 )
 
@@ -53,6 +64,7 @@ class ExtenderCore:
         assume_timeout_s: float = 300.0,
         ledger: Ledger | None = None,
         bulk: bool = True,
+        preemption: PreemptionConfig | None = None,
     ) -> None:
         self.resource = resource
         self.default_policy: AllocationPolicy = default_policy
@@ -66,6 +78,16 @@ class ExtenderCore:
         """Namespace name → its annotations (only namespaces that have any)."""
         self._asks: OrderedDict[str, PodAsk] = OrderedDict()
         self._distinct_asks: dict[PodAsk, PodAsk] = {}
+        self._priorities: OrderedDict[str, int] = OrderedDict()
+        """Pod UID → priority, from the pods filter and prioritize were sent (for bind)."""
+        self.preemption = preemption if preemption is not None else PreemptionConfig()
+        self.directory = PodDirectory()
+        """Priority, labels and state of the GPU pods bound to nodes (from the pod watch)."""
+        self.budgets = BudgetBook()
+        self.budgets_ready = True
+        """False until the cache has listed the budgets: no preemption before, so a pod a
+        budget protects is never chosen because its budget was not known yet."""
+        self.book = PreemptionBook()
 
     def forget_answers(self) -> None:
         """Drop every kept placement (benchmarks start each figure from none)."""
@@ -111,6 +133,11 @@ class ExtenderCore:
             self._asks.move_to_end(uid)
             if len(self._asks) > ASK_CACHE_SIZE:
                 self._asks.popitem(last=False)
+            priority = (pod.get("spec") or {}).get("priority")
+            self._priorities[uid] = priority if isinstance(priority, int) else 0
+            self._priorities.move_to_end(uid)
+            if len(self._priorities) > ASK_CACHE_SIZE:
+                self._priorities.popitem(last=False)
         return ask
 
     def remembered_ask(self, pod_uid: str) -> PodAsk | None:
@@ -127,6 +154,7 @@ class ExtenderCore:
         outcome = self.bulk.filter(ask, names) if self.bulk is not None else None
         if outcome is None:
             outcome = filter_nodes(ask, names, self.ledger, self.memo)
+        outcome = self._through_nominations(ask, args.Pod, outcome)
         return filter_result(
             args, outcome.passed, outcome.failed, unresolvable=outcome.unresolvable
         )
@@ -140,7 +168,48 @@ class ExtenderCore:
         scores = self.bulk.prioritize(ask, names) if self.bulk is not None else None
         if scores is None:
             scores = prioritize(ask, names, self.ledger, self.memo)
-        return [{"Host": name, "Score": score} for name, score in scores]
+        seen = self._nominated_views(args.Pod)
+        if seen:
+            scores = [
+                (name, _score(ask, seen[name], self.memo) if name in seen else found)
+                for name, found in scores
+            ]
+        return [{"Host": name, "Score": found} for name, found in scores]
+
+    # -------------------------------------------------------- nominations
+    def _nominated_views(self, pod: Mapping[str, Any]) -> dict[str, NodeView | str]:
+        """Nodes holding units nominated for a preemptor that this pod sees through (its
+        own, or of lower priority), with the node as this pod sees it. Empty unless a
+        preemption is under way: the shared answers stand for every other pod."""
+        if not self.ledger.nominations():
+            return {}
+        facts = pod_facts(pod)
+        through = self.ledger.sees_through(pod_uid=facts.uid, priority=facts.priority)
+        return {
+            n.node: self.ledger.view_for(n.node, pod_uid=facts.uid, priority=facts.priority)
+            for n in through
+        }
+
+    def _through_nominations(
+        self, ask: PodAsk, pod: Mapping[str, Any], outcome: FilterOutcome
+    ) -> FilterOutcome:
+        seen = self._nominated_views(pod)
+        if not seen:
+            return outcome
+        passed = [n for n in outcome.passed if n not in seen]
+        failed = {n: why for n, why in outcome.failed.items() if n not in seen}
+        asked = set(outcome.passed) | set(outcome.failed)
+        for name, view in seen.items():
+            if name not in asked:
+                continue
+            placed = decide(ask, view, self.memo)
+            if isinstance(placed, str):
+                failed[name] = placed
+            elif placed.refusal is None:
+                passed.append(name)
+            else:
+                failed[name] = placed.refusal
+        return FilterOutcome(tuple(passed), failed, outcome.unresolvable)
 
     def decide_bind(
         self, ask: PodAsk, *, node: str, pod_uid: str, namespace: str, pod: str, now: float
@@ -150,6 +219,7 @@ class ExtenderCore:
             ask,
             node=node,
             pod_uid=pod_uid,
+            priority=self._priorities.get(pod_uid),
             namespace=namespace,
             pod=pod,
             ledger=self.ledger,
@@ -161,3 +231,154 @@ class ExtenderCore:
         if not isinstance(decision, str):
             self.ledger.assume(decision.assumption)
         return decision
+
+    # ---------------------------------------------------------- preemption
+    def preempt(self, args: ExtenderPreemptionArgs, *, now: float) -> ExtenderPreemptionResult:
+        """``preemptVerb``: per node kube-scheduler offers, the victims that let the pod's
+        every fraction fit on one GPU, or the node dropped (never an empty list).
+
+        The victims are the extender's own choice among the node's pods (kube-scheduler
+        accepts any pod of that node, ``convertPodUIDToPod``): it replaces the GPU pods
+        the scheduler picked by totals, and keeps the pods it picked that hold no GPU
+        units (chosen for CPU, memory or ports, which the extender does not see).
+        """
+        preemptor = pod_facts(args.Pod)
+        answer: dict[str, MetaVictimsResult] = {}
+        if (
+            not self.preemption.enabled
+            or not self.budgets_ready
+            or not preemptor.may_preempt
+            or not preemptor.uid
+        ):
+            return {"NodeNameToMetaVictims": answer}
+        try:
+            ask = self.ask_of(args.Pod)
+        except PodSpecError:
+            return {"NodeNameToMetaVictims": answer}
+        spared = self.book.spared(now)
+        for node, (offered, offered_violations) in args.offered().items():
+            plan = select_victims(
+                ask,
+                preemptor,
+                node,
+                ledger=self.ledger,
+                directory=self.directory,
+                budgets=self.budgets.in_namespaces,
+                memo=self.memo,
+                spared=spared,
+            )
+            if isinstance(plan, str):
+                continue
+            gpu_pods = {h.pod_uid for h in self.ledger.holdings(node)}
+            others = [uid for uid in offered if uid not in gpu_pods]
+            if not plan.victims:
+                if offered:  # the GPUs have room; the scheduler's own reasons stand
+                    answer[node] = _meta(offered, offered_violations)
+                continue
+            answer[node] = _meta(
+                [v.uid for v in plan.victims] + others,
+                plan.pdb_violations + (offered_violations if others else 0),
+            )
+            self.book.expect(preemptor, plan)
+        if answer:
+            taken = self.book.take_over(preemptor.uid)
+            if taken is not None:
+                self.ledger.withdraw(preemptor.uid)
+        return {"NodeNameToMetaVictims": answer}
+
+    def consider_preemption(
+        self, args: ExtenderArgs, result: ExtenderFilterResult, *, now: float
+    ) -> Proposal | None:
+        """After a filter that passed no node: the extender's own preemption for the pod, if
+        it may preempt and some node's GPUs would fit it without lower-priority pods.
+
+        Nominated at once (the freed units are held from now on); the caller hands the
+        proposal to the evictor, which waits ``handover_s`` first. The chosen node's
+        refusal in ``result`` says what is being done.
+        """
+        if (
+            not self.preemption.enabled
+            or not self.budgets_ready
+            or result["NodeNames"]
+            or result["Error"]
+        ):
+            return None
+        preemptor = pod_facts(args.Pod)
+        if (
+            not preemptor.may_preempt
+            or not preemptor.uid
+            or self.ledger.nomination(preemptor.uid) is not None
+            or self.book.proposal(preemptor.uid) is not None
+        ):
+            return None
+        failed = list(result["FailedNodes"])
+        if not failed:
+            return None
+        try:
+            ask = self.ask_of(args.Pod)
+        except PodSpecError:
+            return None
+        found = search_nodes(
+            ask,
+            preemptor,
+            failed,
+            ledger=self.ledger,
+            directory=self.directory,
+            budgets=self.budgets.in_namespaces,
+            memo=self.memo,
+            spared=self.book.spared(now),
+            wanted=candidates_wanted(len(failed)),
+        )
+        plan = found.plan
+        if plan is None:
+            if found.budget_blocked:
+                logger.info(
+                    "no preemption: every plan would violate a PodDisruptionBudget",
+                    extra={
+                        "namespace": preemptor.namespace,
+                        "pod": preemptor.name,
+                        "nodes": found.budget_blocked,
+                    },
+                )
+            return None
+        self.ledger.nominate(
+            nomination(preemptor, plan, now=now, ttl_s=self.preemption.nomination_timeout_s)
+        )
+        proposal = Proposal(preemptor, plan, now + self.preemption.handover_s)
+        self.book.propose(proposal)
+        result["FailedNodes"][plan.node] = (
+            f"{result['FailedNodes'][plan.node]}; {preempting_words(plan)}"
+        )
+        return proposal
+
+    def victim_leaving(self, victim_uid: str, *, now: float) -> Nomination | None:
+        """A pod started terminating or went away: nominate its preemptor if it was a
+        victim named through ``preemptVerb``."""
+        found = self.book.victim_leaving(
+            victim_uid, now=now, ttl_s=self.preemption.nomination_timeout_s
+        )
+        if found is not None and self.ledger.nomination(found.pod_uid) is None:
+            self.ledger.nominate(found)
+            return found
+        return None
+
+
+def preempting_words(plan: NodePlan) -> str:
+    """What the FailedScheduling event says about the extender's own preemption."""
+    names = ", ".join(f"{v.namespace}/{v.name}" for v in plan.victims[:5])
+    more = f" and {len(plan.victims) - 5} more" if len(plan.victims) > 5 else ""
+    return (
+        f"metagpu is preempting {len(plan.victims)} lower-priority pod(s) ({names}{more}) "
+        f"to free GPU {', '.join(plan.gpus)} for this pod"
+    )
+
+
+def _meta(uids: list[str], violations: int) -> MetaVictimsResult:
+    return {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": violations}
+
+
+def _score(ask: PodAsk, view: NodeView | str, memo: PlacementMemo) -> int:
+    if isinstance(view, str):
+        return 0
+    placed = memo.place(ask, view)
+    return score(placed, view, ask.policy)

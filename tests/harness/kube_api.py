@@ -19,6 +19,11 @@ faithful where our code can notice the difference:
   API server (NotFound, AlreadyExists, Conflict, Forbidden, Invalid);
 * ``pods/{name}/binding`` (create): UID precondition, "already assigned" conflict,
   the Binding's annotations applied with ``spec.nodeName``, as the real registry does;
+* ``pods/{name}/eviction`` (create, policy/v1 Eviction) with the PodDisruptionBudget
+  checks of ``pkg/registry/core/pod/storage/eviction.go`` (429 TooManyRequests when the
+  budget allows no disruption, ``disruptionsAllowed`` decremented and the pod recorded
+  in ``disruptedPods``) and the pod registry's graceful deletion of a bound pod
+  (``deletionTimestamp`` set; the test plays the kubelet and removes it);
 * scripted faults: :meth:`FakeKubeApi.forbid` (RBAC 403s naming the verb and
   resource) and :meth:`FakeKubeApi.fail_next` (e.g. a one-off 409), either
   for every client or for one ``User-Agent``;
@@ -80,6 +85,7 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "resourcequotas", "ResourceQuota", namespaced=True),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
     ResourceType("events.k8s.io", "v1", "events", "Event", namespaced=True),
+    ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True),
     ResourceType(
         "admissionregistration.k8s.io",
         "v1",
@@ -341,6 +347,8 @@ class FakeKubeApi:
         store = self._store[(rtype.group, rtype.plural)]
         if verb == "create" and sub == "binding" and rtype.plural == "pods" and name:
             return self._bind(rtype, store, (key_ns, name), body=body, query=query)
+        if verb == "create" and sub == "eviction" and rtype.plural == "pods" and name:
+            return self._evict(rtype, store, (key_ns, name), body=body, query=query)
         if verb == "watch":
             return await self._watch(request, rtype, ns, query)
         if verb == "list":
@@ -514,6 +522,177 @@ class FakeKubeApi:
             },
             status=201,
         )
+
+    def _evict(
+        self,
+        rtype: ResourceType,
+        store: dict[tuple[str, str], Obj],
+        key: tuple[str, str],
+        *,
+        body: Any,
+        query: dict[str, str],
+    ) -> web.Response:
+        """``POST pods/{name}/eviction``, as ``pkg/registry/core/pod/storage/eviction.go`` does it.
+
+        * a pod that is Pending, Succeeded, Failed or already being deleted is deleted
+          without looking at budgets (``canIgnorePDB``);
+        * the budgets of the pod's namespace whose non-empty selector matches its labels:
+          more than one is a 500; a budget whose status is older than its spec
+          (``observedGeneration < generation``) or that allows no disruption is a 429
+          TooManyRequests, "Cannot evict pod as it would violate the pod's disruption
+          budget.", with a ``DisruptionBudget`` cause; a negative budget is a 403;
+        * otherwise the budget's ``disruptionsAllowed`` is decremented, the pod recorded in
+          its ``disruptedPods``, and the pod deleted the way the pod registry deletes:
+          a pod bound to a node gets ``deletionTimestamp`` (grace from DeleteOptions, else
+          ``spec.terminationGracePeriodSeconds``, else 30) and stays until its kubelet
+          removes it (the test does, with :meth:`remove`); an unbound pod or a grace of 0
+          goes at once. The answer is a Status (201, Success).
+
+        A not-Ready pod while the budget is healthy enough skips the decrement, as there.
+        """
+        ns, name = key
+        if not isinstance(body, dict) or body.get("kind", "Eviction") != "Eviction":
+            return self._status(400, "BadRequest", f"not a Eviction object: {type(body)}")
+        meta = body.get("metadata") or {}
+        if meta.get("name") != name:
+            return self._status(
+                400, "BadRequest", "name in URL does not match name in Eviction object"
+            )
+        pod = store.get((ns, name))
+        if pod is None:
+            return self._not_found(rtype, name)
+        options = body.get("deleteOptions") or {}
+        wanted_uid = (options.get("preconditions") or {}).get("uid")
+        if wanted_uid and wanted_uid != pod["metadata"].get("uid"):
+            return self._conflict_message(
+                "pods",
+                name,
+                f"Precondition failed: UID in precondition: {wanted_uid}, "
+                f"UID in object meta: {pod['metadata'].get('uid')}",
+            )
+        dry_run = query.get("dryRun") == "All" or "All" in (options.get("dryRun") or [])
+        phase = (pod.get("status") or {}).get("phase")
+        if not (
+            phase in ("Pending", "Succeeded", "Failed") or pod["metadata"].get("deletionTimestamp")
+        ):
+            budgets = [
+                b
+                for b in self._store[("policy", "poddisruptionbudgets")].values()
+                if b["metadata"].get("namespace") == ns
+                and _selector_matches((b.get("spec") or {}).get("selector"), pod)
+            ]
+            if len(budgets) > 1:
+                return self._status(
+                    500,
+                    "InternalError",
+                    "This pod has more than one PodDisruptionBudget, which the eviction "
+                    "subresource does not support.",
+                )
+            if budgets and not self._ready_enough(pod, budgets[0]):
+                refused = self._decrement(budgets[0], name, dry_run=dry_run)
+                if refused is not None:
+                    return refused
+        if not dry_run:
+            self._delete_gracefully(rtype, store, (ns, name), options)
+        return web.json_response(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"},
+            status=201,
+        )
+
+    @staticmethod
+    def _ready_enough(pod: Obj, budget: Obj) -> bool:
+        """A pod that is not Ready while the budget has its healthy pods is evicted freely."""
+        status = budget.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
+        desired = int(status.get("desiredHealthy") or 0)
+        return not ready and int(status.get("currentHealthy") or 0) >= desired and desired > 0
+
+    def _decrement(self, budget: Obj, pod_name: str, *, dry_run: bool) -> web.Response | None:
+        """``checkAndDecrement``: None when the budget allowed it (and now allows one fewer)."""
+        meta, status = budget["metadata"], budget.setdefault("status", {})
+        bname = meta["name"]
+        refusal = "Cannot evict pod as it would violate the pod's disruption budget."
+        if int(status.get("observedGeneration") or 0) < int(meta.get("generation") or 0):
+            return self._status(
+                429,
+                "TooManyRequests",
+                refusal,
+                {
+                    "causes": [
+                        {
+                            "reason": "DisruptionBudget",
+                            "message": f"The disruption budget {bname} is still being "
+                            "processed by the server.",
+                        }
+                    ],
+                    "retryAfterSeconds": 10,
+                },
+            )
+        allowed = int(status.get("disruptionsAllowed") or 0)
+        if allowed < 0:
+            return self._status(
+                403,
+                "Forbidden",
+                f'poddisruptionbudget.policy "{bname}" is forbidden: pdb disruptions '
+                "allowed is negative",
+            )
+        if allowed == 0:
+            return self._status(
+                429,
+                "TooManyRequests",
+                refusal,
+                {
+                    "causes": [
+                        {
+                            "reason": "DisruptionBudget",
+                            "message": f"The disruption budget {bname} needs "
+                            f"{int(status.get('desiredHealthy') or 0)} healthy pods and has "
+                            f"{int(status.get('currentHealthy') or 0)} currently",
+                        }
+                    ]
+                },
+            )
+        if dry_run:
+            return None
+        status["disruptionsAllowed"] = allowed - 1
+        status.setdefault("disruptedPods", {})[pod_name] = dt.datetime.now(dt.UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
+        rtype = self._type_for_kind("policy/v1", "PodDisruptionBudget")
+        stored = self._stamp(budget, rtype, new=False)
+        self._record_event(rtype, "MODIFIED", stored)
+        return None
+
+    def _delete_gracefully(
+        self,
+        rtype: ResourceType,
+        store: dict[tuple[str, str], Obj],
+        key: tuple[str, str],
+        options: Obj,
+    ) -> None:
+        """The pod registry's delete: a bound, running pod is marked, not removed."""
+        pod = store[key]
+        grace = options.get("gracePeriodSeconds")
+        if grace is None:
+            grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        phase = (pod.get("status") or {}).get("phase")
+        bound = bool((pod.get("spec") or {}).get("nodeName"))
+        if pod["metadata"].get("deletionTimestamp"):
+            return
+        if not bound or int(grace) <= 0 or phase in ("Succeeded", "Failed"):
+            del store[key]
+            pod["metadata"]["resourceVersion"] = str(next(self._rv))
+            self._record_event(rtype, "DELETED", pod)
+            self._collect_garbage()
+            return
+        at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=int(grace))
+        pod["metadata"]["deletionTimestamp"] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        pod["metadata"]["deletionGracePeriodSeconds"] = int(grace)
+        stored = self._stamp(pod, rtype, new=False)
+        self._record_event(rtype, "MODIFIED", stored)
 
     async def _watch(
         self, request: web.Request, rtype: ResourceType, ns: str | None, query: dict[str, str]
@@ -753,6 +932,31 @@ class FakeKubeApi:
 
 
 # --------------------------------------------------------------- selectors
+def _selector_matches(selector: Any, obj: Obj) -> bool:
+    """A LabelSelector against an object's labels; nil or empty matches nothing, as a
+    budget's selector does in the eviction registry."""
+    if not isinstance(selector, dict) or not (
+        selector.get("matchLabels") or selector.get("matchExpressions")
+    ):
+        return False
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        present = key in labels
+        if op == "In" and not (present and labels[key] in values):
+            return False
+        if op == "NotIn" and present and labels[key] in values:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True
+
+
 def _field_value(obj: Obj, path: str) -> str:
     node: Any = obj
     for part in path.split("."):

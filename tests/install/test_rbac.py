@@ -200,12 +200,14 @@ def test_quota_mirror_rbac_comes_and_goes_with_its_value() -> None:
 
 @pytest.mark.parametrize("values", scenario_params())
 def test_scheduler_rbac_is_its_extenders_permissions_and_its_lease(values: Obj) -> None:
-    from plugin.extender.permissions import LEADER_ELECTION, PERMISSIONS
+    from plugin.extender.permissions import LEADER_ELECTION, PERMISSIONS, PREEMPTION
 
     objects = render(values)
     service_account = pod_spec(component(objects, "Deployment", "scheduler"))["serviceAccountName"]
     assert_exactly(
-        grants(objects, service_account), (*PERMISSIONS, *LEADER_ELECTION), who="scheduler"
+        grants(objects, service_account),
+        (*PERMISSIONS, *PREEMPTION, *LEADER_ELECTION),
+        who="scheduler",
     )
     assert built_in_bindings(objects, service_account) == {
         ("", "ClusterRole", "system:kube-scheduler"),

@@ -58,11 +58,31 @@ def test_kube_scheduler_calls_the_extender_on_localhost(values: Obj) -> None:
     listen = flag(extender_args, "--listen")
     assert listen.startswith("127.0.0.1:")
     assert extender["urlPrefix"] == f"http://{listen}"
-    assert {k: extender[k] for k in ("filterVerb", "prioritizeVerb", "bindVerb")} == {
+    verbs = ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb")
+    assert {k: extender[k] for k in verbs} == {
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
         "bindVerb": "bind",
+        "preemptVerb": "preempt",
     }
+    # Every verb the scheduler is told of is a route the extender serves.
+    from typing import Any, cast
+
+    from plugin.extender.server import ExtenderState, create_app
+    from plugin.extender.service import ExtenderCore
+
+    state = ExtenderState(
+        ExtenderConfig(),
+        ExtenderCore(resource="cnvrg.io/metagpu"),
+        cast(Any, None),
+        cast(Any, None),
+    )
+    served = {
+        r.resource.canonical
+        for r in create_app(state).router.routes()
+        if r.method == "POST" and r.resource is not None
+    }
+    assert {f"/{extender[k]}" for k in verbs} <= served
     assert extender["nodeCacheCapable"] is True
     assert extender["ignorable"] is False
     assert extender["enableHTTPS"] is False

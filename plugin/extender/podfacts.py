@@ -1,0 +1,84 @@
+"""What preemption must know of a pod besides its units: priority, policy, labels (pure).
+
+kube-scheduler reads ``spec.priority`` (resolved from the PriorityClass at
+admission; absent means 0, ``corev1helpers.PodPriority``) and
+``spec.preemptionPolicy`` (``Never``: the pod waits, it never preempts,
+``PodEligibleToPreemptOthers``). Victims are ordered by importance
+(``MoreImportantPod``: higher priority, then the earlier start time), and
+budgets match their labels.
+
+The extender keeps these facts only for pods bound to a node that ask for its
+resource (:class:`PodDirectory`): the pods that can hold units, so the memory
+follows the GPU pods, never the cluster's pod count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_PODS = 200_000
+"""Pods whose facts are kept (far above the GPU pods of any cluster: 10,000 GPUs with
+10 pods each); past it the oldest entries go first."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    uid: str
+    namespace: str
+    name: str
+    priority: int
+    may_preempt: bool
+    """False when ``spec.preemptionPolicy`` is ``Never``."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    started_at: str = ""
+    """``status.startTime`` (RFC 3339 compares in time order as text); empty: not started."""
+    terminating: bool = False
+    """``metadata.deletionTimestamp`` is set: its units are leaving already."""
+
+
+def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
+    """The facts of a Pod object as the API serves it (never raises: odd values read as
+    the API server's defaults)."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    priority = spec.get("priority")
+    labels = meta.get("labels") or {}
+    return PodFacts(
+        uid=str(meta.get("uid") or ""),
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        may_preempt=spec.get("preemptionPolicy") != "Never",
+        labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {},
+        started_at=str(status.get("startTime") or ""),
+        terminating=bool(meta.get("deletionTimestamp")),
+    )
+
+
+class PodDirectory:
+    """Facts of the GPU pods bound to nodes, by UID (bounded by :data:`MAX_PODS`)."""
+
+    def __init__(self, *, limit: int = MAX_PODS) -> None:
+        self._pods: dict[str, PodFacts] = {}
+        self._limit = limit
+
+    def put(self, facts: PodFacts) -> None:
+        self._pods.pop(facts.uid, None)
+        self._pods[facts.uid] = facts
+        while len(self._pods) > self._limit:
+            del self._pods[next(iter(self._pods))]
+
+    def drop(self, uid: str) -> PodFacts | None:
+        return self._pods.pop(uid, None)
+
+    def get(self, uid: str) -> PodFacts | None:
+        return self._pods.get(uid)
+
+    def uids(self) -> list[str]:
+        return list(self._pods)
+
+    def __len__(self) -> int:
+        return len(self._pods)

@@ -1,0 +1,258 @@
+"""Which pods to preempt so that a pod's every fraction fits on ONE GPU (pure).
+
+kube-scheduler's DefaultPreemption counts ``cnvrg.io/metagpu`` per node. On a
+node whose total is enough but no single GPU is (60 + 60 held on two GPUs of
+100, a pod of 70), its dry run finds nothing to evict and drops the node
+("expected at least one victim pod"); where the total is short it picks
+victims by totals, which may free units on the wrong GPU. So the choice is
+made here, on the ledger's GPUs, the way kube-scheduler makes it for whole
+resources (``pkg/scheduler/framework/preemption/preemption.go``,
+``defaultpreemption/default_preemption.go``):
+
+* **on one node** (:func:`select_victims`, upstream ``SelectVictimsOnNode``):
+  remove every pod of lower priority; if the pod does not fit even then, the
+  node cannot help. Otherwise give pods back one by one, the most important
+  first (higher priority, then the earlier start), those whose eviction would
+  violate a PodDisruptionBudget before the others, keeping each that still
+  lets the pod fit. What is left are the victims: no victim could be spared
+  (a minimal set), lower priorities go first, and budgets are spared where
+  another pod can go instead. "Fits" is :func:`plugin.placement.pod.place_pod`
+  on the node's view with the victims' units given back, through the
+  extender's placement memo: the same oracle filter and bind use.
+* **between nodes** (:func:`pick_node`, upstream ``pickOneNodeForPreemption``):
+  fewest budget violations, then the lowest highest-priority victim, then the
+  lowest sum of priorities, then the fewest victims, then the latest start
+  among the highest-priority victims, then the first node.
+
+Never a pod of equal or higher priority, never for a pod with
+``preemptionPolicy: Never``, never a pod already terminating (its units are
+leaving anyway), never a pod whose priority the extender does not know.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from plugin.extender.budgets import Budget, Disruptable, violations
+from plugin.extender.decision import PlacementMemo, PodAsk
+from plugin.extender.ledger import Ledger, NodeView
+from plugin.extender.podfacts import PodDirectory, PodFacts
+from plugin.placement.pod import PodPlacement
+
+MIN_CANDIDATE_NODES = 100
+"""Nodes with a plan after which the search stops (DefaultPreemption's
+``minCandidateNodesAbsolute``)."""
+
+MIN_CANDIDATE_NODES_PERCENT = 10
+"""... or this share of the nodes, whichever is more (``minCandidateNodesPercentage``)."""
+
+PRIORITY_OFFSET = 1 << 31
+"""Added to each priority before summing, so negative priorities sum as upstream does."""
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    uid: str
+    namespace: str
+    name: str
+    priority: int
+    units: Mapping[int, int]
+    """GPU position → units the pod frees there."""
+    started_at: str
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    """The victims on one node and where the preemptor goes once they are gone."""
+
+    node: str
+    victims: tuple[Victim, ...]
+    """Highest priority first (``pickOneNodeForPreemption`` reads the first as the highest).
+    Empty: the pod fits the node's GPUs as they are."""
+    pdb_violations: int
+    taken: Mapping[str, int]
+    """GPU ID → units the preemptor takes there."""
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        return tuple(g for g, n in self.taken.items() if n)
+
+
+Budgets = Callable[[Iterable[str]], Sequence[Budget]]
+"""The budgets of some namespaces (:meth:`plugin.extender.budgets.BudgetBook.in_namespaces`)."""
+
+
+def select_victims(
+    ask: PodAsk,
+    preemptor: PodFacts,
+    node: str,
+    *,
+    ledger: Ledger,
+    directory: PodDirectory,
+    budgets: Budgets,
+    memo: PlacementMemo,
+    spared: frozenset[str] = frozenset(),
+) -> NodePlan | str:
+    """The victims on ``node`` for ``preemptor`` (see the module), or why the node cannot help.
+
+    ``spared``: pods not to choose (their eviction was refused a moment ago).
+    """
+    view = ledger.view_for(node, pod_uid=preemptor.uid, priority=preemptor.priority)
+    if isinstance(view, str):
+        return view
+    now = memo.place(ask, view)
+    if now.fits:
+        return NodePlan(node, (), 0, _taken(now, view))
+    candidates: list[Victim] = []
+    for holding in ledger.holdings(node):
+        facts = directory.get(holding.pod_uid)
+        if (
+            facts is None
+            or facts.terminating
+            or facts.priority >= preemptor.priority
+            or holding.pod_uid in spared
+        ):
+            continue
+        candidates.append(
+            Victim(
+                holding.pod_uid,
+                facts.namespace or holding.namespace,
+                facts.name or holding.pod,
+                facts.priority,
+                holding.units,
+                facts.started_at,
+                facts.labels,
+            )
+        )
+    if not candidates:
+        return "no pod of lower priority holds units on this node's GPUs"
+    released = _sum_units(candidates)
+    everything = memo.place(ask, ledger.view_released(view, released))
+    if not everything.fits:
+        return (
+            f"preempting all {len(candidates)} lower-priority pod(s) here would not help: "
+            f"{everything.refusal}"
+        )
+    # Most important first: higher priority, then started earlier (no start: least).
+    ordered = sorted(candidates, key=lambda v: (-v.priority, v.started_at or "~"))
+    flags = violations(
+        [Disruptable(v.namespace, v.name, v.labels) for v in ordered],
+        budgets({v.namespace for v in ordered}),
+    )
+    violating = [v for v, f in zip(ordered, flags, strict=True) if f]
+    rest = [v for v, f in zip(ordered, flags, strict=True) if not f]
+    victims: list[Victim] = []
+    violating_victims = 0
+    for group, violates in ((violating, True), (rest, False)):
+        for v in group:
+            trial = dict(released)
+            for pos, n in v.units.items():
+                trial[pos] -= n
+            if memo.place(ask, ledger.view_released(view, trial)).fits:
+                released = trial  # reprieved: the pod fits with this one kept
+            else:
+                victims.append(v)
+                violating_victims += violates
+    final = memo.place(ask, ledger.view_released(view, released))
+    victims.sort(key=lambda v: -v.priority)
+    return NodePlan(node, tuple(victims), violating_victims, _taken(final, view))
+
+
+def pick_node(plans: Sequence[NodePlan]) -> NodePlan | None:
+    """``pickOneNodeForPreemption`` over plans that each have victims."""
+    best: list[NodePlan] = [p for p in plans if p.victims]
+    for score in (
+        lambda p: -p.pdb_violations,
+        lambda p: -p.victims[0].priority,
+        lambda p: -sum(v.priority + PRIORITY_OFFSET for v in p.victims),
+        lambda p: -len(p.victims),
+    ):
+        if len(best) <= 1:
+            break
+        top = max(score(p) for p in best)
+        best = [p for p in best if score(p) == top]
+    if len(best) > 1:
+        latest = max(_earliest_top_start(p) for p in best)
+        best = [p for p in best if _earliest_top_start(p) == latest]
+    return best[0] if best else None
+
+
+def candidates_wanted(nodes: int) -> int:
+    """How many nodes with a plan end the search (DefaultPreemption's numbers)."""
+    return min(nodes, max(MIN_CANDIDATE_NODES, nodes * MIN_CANDIDATE_NODES_PERCENT // 100))
+
+
+@dataclass(frozen=True, slots=True)
+class Search:
+    """The plan chosen among the nodes, and why the others could not help."""
+
+    plan: NodePlan | None
+    refused: Mapping[str, str]
+    """Node → why no victims there would do (for the log, the first few)."""
+    budget_blocked: int
+    """Nodes that had a plan, but only one that violates a budget: the Eviction API
+    would refuse it, so the extender does not try it."""
+
+
+def search_nodes(
+    ask: PodAsk,
+    preemptor: PodFacts,
+    names: Iterable[str],
+    *,
+    ledger: Ledger,
+    directory: PodDirectory,
+    budgets: Budgets,
+    memo: PlacementMemo,
+    spared: frozenset[str] = frozenset(),
+    wanted: int,
+) -> Search:
+    """The best node to evict on, among ``names`` (``DryRunPreemption`` then
+    ``pickOneNodeForPreemption``), for the extender's own evictions: only plans that
+    violate no budget, because the Eviction API refuses the others."""
+    plans: list[NodePlan] = []
+    refused: dict[str, str] = {}
+    blocked = 0
+    for name in names:
+        plan = select_victims(
+            ask,
+            preemptor,
+            name,
+            ledger=ledger,
+            directory=directory,
+            budgets=budgets,
+            memo=memo,
+            spared=spared,
+        )
+        if isinstance(plan, str):
+            if len(refused) < 8:
+                refused[name] = plan
+            continue
+        if not plan.victims:
+            continue  # fits as it is (a nomination it sees through): no one to evict
+        if plan.pdb_violations:
+            blocked += 1
+            continue
+        plans.append(plan)
+        if len(plans) >= wanted:
+            break
+    return Search(pick_node(plans), refused, blocked)
+
+
+def _sum_units(victims: Iterable[Victim]) -> dict[int, int]:
+    total: dict[int, int] = {}
+    for v in victims:
+        for pos, n in v.units.items():
+            total[pos] = total.get(pos, 0) + n
+    return total
+
+
+def _taken(placed: PodPlacement, view: NodeView) -> dict[str, int]:
+    return {view.gpus[int(pos)].id: n for pos, n in placed.taken.items() if n}
+
+
+def _earliest_top_start(plan: NodePlan) -> str:
+    top = plan.victims[0].priority
+    starts = [v.started_at for v in plan.victims if v.priority == top and v.started_at]
+    return min(starts) if starts else ""
