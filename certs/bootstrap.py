@@ -67,13 +67,13 @@ from certs.issue import (
     iso_utc,
     issue_ca,
     issue_serving_cert,
+    issuer_problem,
     key_matches,
     load_private_key,
     new_private_key,
     normalize_dns_name,
     normalize_ip_address,
     should_renew,
-    signed_by,
     split_certificates,
     validity_problem,
 )
@@ -260,10 +260,12 @@ def _leaf_problems(
     problems: list[str] = []
     if info.is_ca or not info.server_auth:
         problems.append(f"{TLS_CERT_KEY} is not a serving certificate (CA flag or no serverAuth)")
-    # Signature only: a CA renewed in this run keeps its subject and key, so a
-    # certificate signed by the old CA certificate verifies against the new one.
-    if not signed_by(cert_pem, data[CA_CERT_KEY]):
-        problems.append(f"{TLS_CERT_KEY} was not signed by the CA in {CA_CERT_KEY}")
+    # Issuer only, not validity: a CA renewed in this run keeps its subject and key,
+    # so a certificate signed by the old CA certificate verifies against the new one.
+    # The reason travels along, so a log says which CA, which key and which signature.
+    not_issued = issuer_problem(cert_pem, data[CA_CERT_KEY])
+    if not_issued is not None:
+        problems.append(f"{TLS_CERT_KEY} was not signed by the CA in {CA_CERT_KEY}: {not_issued}")
     problem = validity_problem(TLS_CERT_KEY, info, now=now)
     if problem is not None:
         problems.append(problem)

@@ -24,8 +24,8 @@ from typing import Final, Literal
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID, SignatureAlgorithmOID
 
 from plugin.api.resources import DNS_SUBDOMAIN_MAX_LEN, is_dns_label
 
@@ -37,8 +37,20 @@ KEY_ALGORITHMS: tuple[KeyAlgorithm, ...] = (
     "rsa-3072",
     "rsa-4096",
 )
-PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
-PublicKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey
+PrivateKey = (
+    ec.EllipticCurvePrivateKey
+    | rsa.RSAPrivateKey
+    | ed25519.Ed25519PrivateKey
+    | ed448.Ed448PrivateKey
+)
+"""Every key a serving pair or a CA may hold here: what the API server's Go TLS stack and
+cert-manager (``privateKey.algorithm``: RSA, ECDSA, Ed25519) use, and Ed448, which OpenSSL
+serves. New keys are ECDSA or RSA (:data:`KeyAlgorithm`); the Edwards keys are for pairs
+and CAs that someone else made and that the webhook, ``inspect`` and bootstrap must not
+call broken."""
+PublicKey = (
+    ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey | ed448.Ed448PublicKey
+)
 
 DEFAULT_CA_VALIDITY = dt.timedelta(days=3650)
 """Ten years: the CA is the caBundle; changing it means re-patching every
@@ -83,6 +95,10 @@ class CertInfo:
     fingerprint_sha256: str
     key_algorithm: str = ""
     """``ecdsa-p256``, ``rsa-2048``, ... (see :func:`key_algorithm_of`); empty if unknown."""
+    signature_algorithm: str = ""
+    """How its issuer signed it (``ECDSA with SHA256``, ``RSA-PSS with SHA256``,
+    ``Ed25519``, ...): a chain holds only if the CA's key made that kind of
+    signature, and the API server (Go) cannot verify every kind. Empty if unknown."""
 
     @property
     def lifetime(self) -> dt.timedelta:
@@ -127,8 +143,10 @@ def load_private_key(pem: bytes) -> PrivateKey:
         key = serialization.load_pem_private_key(pem, password=None)
     except (ValueError, TypeError) as exc:
         raise CertError(f"not a usable unencrypted PEM private key: {exc}") from exc
-    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
-        raise CertError(f"unsupported private key type {type(key).__name__}; use ECDSA or RSA")
+    if not isinstance(key, PrivateKey):
+        raise CertError(
+            f"unsupported private key type {type(key).__name__}; use ECDSA, RSA, Ed25519 or Ed448"
+        )
     return key
 
 
@@ -136,12 +154,16 @@ def key_algorithm_of(key: PrivateKey | PublicKey) -> str:
     """Name a key the way ``--key-algorithm`` does (``ecdsa-p256``, ``rsa-2048``, ...).
 
     Keys we would not issue still get a descriptive name (``ecdsa-secp521r1``,
-    ``rsa-1024``) so an inspection can show them.
+    ``rsa-1024``, ``ed25519``, ``ed448``) so an inspection can show them.
     """
     if isinstance(key, ec.EllipticCurvePrivateKey | ec.EllipticCurvePublicKey):
         return {"secp256r1": "ecdsa-p256", "secp384r1": "ecdsa-p384"}.get(
             key.curve.name, f"ecdsa-{key.curve.name}"
         )
+    if isinstance(key, ed25519.Ed25519PrivateKey | ed25519.Ed25519PublicKey):
+        return "ed25519"
+    if isinstance(key, ed448.Ed448PrivateKey | ed448.Ed448PublicKey):
+        return "ed448"
     return f"rsa-{key.key_size}"
 
 
@@ -354,6 +376,7 @@ def inspect_cert(pem: bytes) -> CertInfo:
             server_auth=server_auth,
             fingerprint_sha256=cert.fingerprint(hashes.SHA256()).hex(),
             key_algorithm=_public_key_algorithm(cert),
+            signature_algorithm=_signature_algorithm(cert),
         )
 
 
@@ -415,11 +438,12 @@ def should_renew(
 
 
 def verify_chain(leaf_pem: bytes, ca_pem: bytes, *, now: dt.datetime) -> None:
-    """Raise :class:`CertError` unless a CA in ``ca_pem`` signed ``leaf`` and both are valid.
+    """Raise :class:`CertError` unless a CA in ``ca_pem`` issued ``leaf`` and both are valid.
 
     ``ca_pem`` may hold one CA or a bundle (as a ``caBundle`` may); the leaf
-    must be signed by one of them. Only the first certificate of ``leaf_pem``
-    is checked.
+    must be issued by one of them (see :func:`_check_issued_by` for what
+    "issued" means). Only the first certificate of ``leaf_pem`` is checked.
+    The message says what is wrong with each CA and what would be accepted.
     """
     _check_aware(now)
     leaf = _load_cert(leaf_pem)
@@ -428,8 +452,13 @@ def verify_chain(leaf_pem: bytes, ca_pem: bytes, *, now: dt.datetime) -> None:
     errors: list[str] = []
     for ca in cas:
         try:
-            _check_signed_by(leaf, ca)
-            _check_validity("CA certificate", ca, now)
+            _check_issued_by(leaf, ca)
+            _check_validity(
+                "CA certificate",
+                ca,
+                now,
+                accepted="the same CA renewed (same subject and key) would be accepted",
+            )
         except CertError as exc:
             errors.append(str(exc))
             continue
@@ -442,17 +471,18 @@ def verify_chain(leaf_pem: bytes, ca_pem: bytes, *, now: dt.datetime) -> None:
     )
 
 
-def signed_by(leaf_pem: bytes, ca_pem: bytes) -> bool:
-    """True when the first CA certificate in ``ca_pem`` issued ``leaf`` (names and signature).
+def issuer_problem(leaf_pem: bytes, ca_pem: bytes) -> str | None:
+    """Why the first CA certificate in ``ca_pem`` did not issue ``leaf``, or None when it did.
 
     Unlike :func:`verify_chain` this ignores validity periods: it answers
-    "would this chain once the CA is renewed with the same key and subject?".
+    "would this chain once the CA is renewed with the same key and subject?",
+    which is what bootstrap asks before it keeps a serving certificate.
     """
     try:
-        _check_signed_by(_load_cert(leaf_pem), _load_cert(ca_pem))
-    except CertError:
-        return False
-    return True
+        _check_issued_by(_load_cert(leaf_pem), _load_cert(ca_pem))
+    except CertError as exc:
+        return str(exc)
+    return None
 
 
 def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
@@ -501,44 +531,126 @@ def _load_certs(pem: bytes) -> list[x509.Certificate]:
     return certs
 
 
-def _check_validity(what: str, cert: x509.Certificate, now: dt.datetime) -> None:
+def _check_validity(
+    what: str, cert: x509.Certificate, now: dt.datetime, *, accepted: str = ""
+) -> None:
     problem = _validity_problem(what, cert.not_valid_before_utc, cert.not_valid_after_utc, now)
     if problem is not None:
-        raise CertError(problem)
+        raise CertError(f"{problem}; {accepted}" if accepted else problem)
 
 
-def _check_signed_by(leaf: x509.Certificate, ca: x509.Certificate) -> None:
-    with _parsing("certificate or CA certificate"):
-        _check_signature(leaf, ca)
+def _check_issued_by(cert: x509.Certificate, ca: x509.Certificate) -> None:
+    """Raise :class:`CertError` unless ``ca`` issued ``cert``: the one chain check in ``certs``.
 
+    ``inspect --ca``, :func:`verify_chain` and bootstrap's reuse decision
+    (:func:`issuer_problem`) all come here. The signature is checked by
+    ``cryptography``'s own ``verify_directly_issued_by``, which reads the
+    algorithm and its parameters from the certificate (RSA PKCS#1 v1.5 and PSS,
+    ECDSA, Ed25519, Ed448, DSA). Choosing padding and hash here by the CA's key
+    type called good Ed25519 and RSA-PSS chains broken (issue 31).
 
-def _check_signature(leaf: x509.Certificate, ca: x509.Certificate) -> None:
-    if leaf.issuer != ca.subject:
+    Checked in this order, each failure saying what would be accepted:
+    the issuer name, then the signature, then that ``ca`` may issue at all
+    (basicConstraints CA:TRUE, or an X.509 v1 root, as OpenSSL accepts). A
+    self-signed certificate trusted as itself (``--ca tls.crt``) needs no CA
+    flag: it is its own trust anchor, and TLS clients accept it.
+    """
+    issuer, ca_name = cert.issuer.rfc4514_string(), ca.subject.rfc4514_string()
+    if cert.issuer != ca.subject:
         raise CertError(
-            f"certificate issuer {leaf.issuer.rfc4514_string()!r} is not the CA "
-            f"{ca.subject.rfc4514_string()!r}"
+            f"certificate issuer {issuer!r} is not the CA {ca_name!r}; "
+            f"a CA certificate whose subject is {issuer!r} would be accepted"
         )
-    public = ca.public_key()
-    hash_alg = leaf.signature_hash_algorithm
-    if hash_alg is None:
-        raise CertError("certificate has no signature hash algorithm")
+    with _parsing("CA certificate"):
+        ca_key, ca_key_id = _public_key_algorithm(ca), _subject_key_id(ca)
+    with _parsing("certificate"):
+        signature, named_key_id = _signature_algorithm(cert), _authority_key_id(cert)
+    wanted = "the CA certificate with the key that made it"
+    if named_key_id is not None:
+        wanted += f" (the certificate names key id {named_key_id}"
+        wanted += f"; this CA's is {ca_key_id})" if ca_key_id else ")"
     try:
-        if isinstance(public, ec.EllipticCurvePublicKey):
-            public.verify(leaf.signature, leaf.tbs_certificate_bytes, ec.ECDSA(hash_alg))
-        elif isinstance(public, rsa.RSAPublicKey):
-            public.verify(leaf.signature, leaf.tbs_certificate_bytes, padding.PKCS1v15(), hash_alg)
-        else:
-            raise CertError(f"unsupported CA key type {type(public).__name__}")
+        cert.verify_directly_issued_by(ca)
     except InvalidSignature as exc:
         raise CertError(
-            f"certificate was not signed by the CA {ca.subject.rfc4514_string()!r} "
-            f"(serial {ca.serial_number:x}): the signature does not verify with its key"
+            f"certificate was not signed by the CA {ca_name!r} (serial {ca.serial_number:x}): "
+            f"the {signature} signature does not verify with its {ca_key} key; "
+            f"only {wanted} would be accepted"
         ) from exc
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        # The issuer names match (checked above), so this is a signature the CA's
+        # kind of key cannot make (an ECDSA signature, an Ed25519 key) or one
+        # cryptography cannot check at all; its message says which.
+        raise CertError(
+            f"certificate was not signed by the CA {ca_name!r} (serial {ca.serial_number:x}): "
+            f"its {signature} signature cannot be checked with the CA's {ca_key} key ({exc}); "
+            f"only {wanted} would be accepted"
+        ) from exc
+    if cert != ca and not _may_issue(ca):
+        raise CertError(
+            f"the CA {ca_name!r} (serial {ca.serial_number:x}) is not a CA certificate "
+            "(no basicConstraints CA:TRUE), so OpenSSL-based clients refuse what it signs; "
+            "a CA certificate with the same subject and key would be accepted"
+        )
+
+
+def _may_issue(ca: x509.Certificate) -> bool:
+    """basicConstraints CA:TRUE, or an X.509 v1 certificate (no extensions to say so),
+    which OpenSSL accepts as a self-signed root outside its strict mode."""
+    if ca.version == x509.Version.v1:
+        return True
+    with _parsing("CA certificate"):
+        try:
+            return ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        except x509.ExtensionNotFound:
+            return False
+
+
+def _signature_algorithm(cert: x509.Certificate) -> str:
+    """How ``cert`` is signed, in words an operator compares with openssl's output.
+
+    Never raises: a signature ``cryptography`` does not know is named by its
+    OID, because only the chain check needs to verify it; reading a
+    certificate (``inspect``, bootstrap, the TLS reloader) must not fail on it.
+    """
+    oid = cert.signature_algorithm_oid
+    try:
+        params = cert.signature_algorithm_parameters
+        hash_alg = cert.signature_hash_algorithm
+    except _UNREADABLE:
+        return oid.dotted_string
+    with_hash = f" with {hash_alg.name.upper()}" if hash_alg is not None else ""
+    if isinstance(params, padding.PSS):
+        return f"RSA-PSS{with_hash}"
+    if isinstance(params, padding.PKCS1v15):
+        return f"RSA PKCS#1 v1.5{with_hash}"
+    if isinstance(params, ec.ECDSA):
+        return f"ECDSA{with_hash}"
+    names = {SignatureAlgorithmOID.ED25519: "Ed25519", SignatureAlgorithmOID.ED448: "Ed448"}
+    return names.get(oid, f"{oid.dotted_string}{with_hash}")
+
+
+def _authority_key_id(cert: x509.Certificate) -> str | None:
+    """The issuer key id ``cert`` names (authorityKeyIdentifier), as hex, if it names one."""
+    try:
+        aki = cert.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return None
+    return aki.key_identifier.hex(":") if aki.key_identifier else None
+
+
+def _subject_key_id(cert: x509.Certificate) -> str | None:
+    """The key id ``cert`` gives its own key (subjectKeyIdentifier), as hex, if it has one."""
+    try:
+        ski = cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return None
+    return ski.digest.hex(":")
 
 
 def _public_key_algorithm(cert: x509.Certificate) -> str:
     public = cert.public_key()
-    if isinstance(public, ec.EllipticCurvePublicKey | rsa.RSAPublicKey):
+    if isinstance(public, PublicKey):
         return key_algorithm_of(public)
     return type(public).__name__.lower()
 
@@ -557,7 +669,12 @@ def _key_usage(*, cert_sign: bool, rsa: bool = False) -> x509.KeyUsage:
     )
 
 
-def _hash_for(key: PrivateKey) -> hashes.SHA256 | hashes.SHA384:
+def _hash_for(key: PrivateKey) -> hashes.SHA256 | hashes.SHA384 | None:
+    """The digest to sign with ``key``; None for Ed25519/Ed448, which hash internally
+    (``cryptography`` refuses a digest for them). Lets bootstrap keep and renew a CA
+    whose key is Edwards, instead of replacing a working CA."""
+    if isinstance(key, ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey):
+        return None
     if isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.key_size > 256:
         return hashes.SHA384()
     return hashes.SHA256()

@@ -17,6 +17,12 @@ setting ``SSLObject.context``. So:
   no longer cover every DNS name and IP address the serving pair covers (the
   names clients dial). A new issuer is fine: a CA rotation (cert-manager's)
   changes only the issuer, and clients that trust the new CA need the new pair.
+  So is any key and signature type the API server verifies (ECDSA, RSA signed
+  with PKCS#1 v1.5 or PSS, Ed25519); an Ed448 key or signature is refused,
+  because Go's TLS stack cannot verify one (served with a warning at start,
+  as a pair not valid yet is). The pod mounts no ``ca.crt`` to judge the chain
+  by, so chains are checked where a CA is at hand (``certs inspect --ca``,
+  bootstrap), by :func:`certs.issue.verify_chain`.
   The refusal stays visible (:attr:`ReloadingTLS.rejection`, for ``/readyz`` and
   a metric) until a good pair replaces it.
 
@@ -106,7 +112,11 @@ def load_serving_pair(cert_file: Path, key_file: Path, *, now: dt.datetime) -> S
         key_pem = key_file.read_bytes()
     except OSError as exc:
         raise TlsError(f"cannot read TLS files {cert_file}, {key_file}: {exc}") from exc
-    return _load_pair(cert_file, key_file, cert_pem, key_pem, now=now)
+    pair = _load_pair(cert_file, key_file, cert_pem, key_pem, now=now)
+    unverifiable = _api_server_problem(pair.info)
+    if unverifiable is not None:  # a reload refuses it (_replacement_problem); at start, warn
+        logger.warning("certificate %s", unverifiable, extra={"cert_file": str(cert_file)})
+    return pair
 
 
 def _load_pair(
@@ -145,17 +155,40 @@ def _load_pair(
     return ServingPair(context=ctx, info=info, digest=before)
 
 
+def _api_server_problem(info: CertInfo) -> str | None:
+    """Why the Kubernetes API server could not verify ``info``, or None when it can.
+
+    The API server is Go: crypto/x509 and crypto/tls verify RSA (PKCS#1 v1.5
+    and PSS), ECDSA and Ed25519, and not Ed448. OpenSSL serves an Ed448 pair
+    happily, so nothing else would notice before every admission call fails.
+    """
+    if info.key_algorithm == "ed448":
+        what = "has an Ed448 key"
+    elif info.signature_algorithm == "Ed448":
+        what = "is signed with Ed448"
+    else:
+        return None
+    return (
+        f"{what}, which the Kubernetes API server (Go's crypto/tls) cannot verify: it would "
+        "fail every admission call; an Ed25519, ECDSA or RSA pair would be accepted"
+    )
+
+
 def _replacement_problem(old: CertInfo, new: CertInfo, *, now: dt.datetime) -> str | None:
     """Why ``new`` must not replace a serving ``old``, or None when it may.
 
     Only for reloads: at start-up there is nothing better to serve, so a pair
-    that is not valid yet is served with a warning (:func:`_load_pair`).
+    that is not valid yet, or one the API server cannot verify, is served with
+    a warning (:func:`_load_pair`, :func:`load_serving_pair`).
     """
     if new.not_before - CLOCK_SKEW > now:
         return (
             f"is not valid until {new.not_before.isoformat()} (more than "
             f"{CLOCK_SKEW.total_seconds():g}s ahead of this clock); clients would refuse it"
         )
+    unverifiable = _api_server_problem(new)
+    if unverifiable is not None:
+        return unverifiable
     lost_dns = sorted(set(old.dns_names) - set(new.dns_names))
     lost_ips = sorted(set(old.ip_addresses) - set(new.ip_addresses))
     if lost_dns or lost_ips:

@@ -39,6 +39,7 @@ from certs.issue import (
     split_certificates,
     verify_chain,
 )
+from tests.certs.chains import SCHEMES, Chain, Scheme, build_chain
 from tests.certs.conftest import SERVICE_NAMES, T0
 from tests.certs.malformed import FAULTS, Fault, malformed_leaf
 
@@ -208,6 +209,51 @@ def test_a_certificate_that_breaks_when_read_is_replaced_not_a_crash(
     assert "ca.crt is unreadable: certificate is malformed" in d.ca_reasons[0]
     new = render_bundle(current, d, policy=POLICY, now=T0)
     verify_chain(new[TLS_CERT_KEY], new[CA_CERT_KEY], now=T0)
+
+
+@pytest.fixture(scope="module")
+def adopted() -> dict[Scheme, Chain]:
+    """Secrets someone else filled (cert-manager, their own PKI), one per signature scheme:
+    a CA of that scheme and a serving certificate it signed, for exactly the names and
+    with the key type bootstrap is asked for, so only the chain check can object."""
+    return {
+        scheme: build_chain(
+            scheme, now=T0, dns_names=SERVICE_NAMES, ip_addresses=(), leaf_key=new_private_key()
+        )
+        for scheme in SCHEMES
+    }
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_an_adopted_chain_of_any_signature_scheme_is_kept_and_a_forgery_reissued(
+    adopted: dict[Scheme, Chain], scheme: Scheme
+) -> None:
+    """Issue 31: bootstrap replaced a working Ed25519 CA (its key was "unsupported") and
+    re-issued an RSA-PSS-signed leaf ("not signed by the CA"). Both are kept now, the
+    CA is renewed and signs with its own key type, and a forged leaf is re-issued with
+    the reason."""
+    chain = adopted[scheme]
+    current = {
+        CA_CERT_KEY: chain.ca.cert_pem,
+        CA_KEY_KEY: chain.ca.key_pem,
+        TLS_CERT_KEY: chain.leaf.cert_pem,
+        TLS_KEY_KEY: chain.leaf.key_pem,
+    }
+    d = decide_bundle(current, policy=POLICY, now=T0)
+    assert (d.ca, d.leaf) == ("keep", "keep"), d
+
+    forged = {**current, TLS_CERT_KEY: chain.forged}
+    d = decide_bundle(forged, policy=POLICY, now=T0)
+    assert (d.ca, d.leaf) == ("keep", "issue")
+    assert d.leaf_reasons[0].startswith("tls.crt was not signed by the CA in ca.crt: ")
+    assert "signature does not verify with its" in d.leaf_reasons[0]
+    new = render_bundle(forged, d, policy=POLICY, now=T0)
+    assert new[CA_CERT_KEY] == chain.ca.cert_pem
+    verify_chain(new[TLS_CERT_KEY], new[CA_CERT_KEY], now=T0)
+
+    renewed = render_bundle(current, BundleDecision("renew", "keep"), policy=POLICY, now=T0)
+    assert renewed[CA_CERT_KEY] != chain.ca.cert_pem
+    verify_chain(chain.leaf.cert_pem, renewed[CA_CERT_KEY], now=T0)
 
 
 def test_ca_missing_but_leaf_present_recreates_both(bundle: Bundle) -> None:

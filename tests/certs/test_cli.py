@@ -27,6 +27,7 @@ from certs.issue import (
     issue_serving_cert,
     new_private_key,
 )
+from tests.certs.chains import KEY_ALGORITHM, SCHEMES, SIGNATURE, Chain, Scheme
 from tests.conftest import REPO_ROOT
 from tests.harness.kube_api import FakeKubeApi
 
@@ -269,6 +270,42 @@ async def test_inspect_a_file_with_checks(
     assert report["source"] == "stdin"
     assert report["certificates"][0]["dnsNames"] == ["metagpu-webhook.metagpu.svc"]
     assert {c["name"]: c["ok"] for c in report["checks"]} == {"validity": True, "chain": False}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_inspect_ca_accepts_every_signature_scheme_and_says_why_a_forgery_fails(
+    tmp_path: Path, chains: dict[Scheme, Chain], scheme: Scheme
+) -> None:
+    """Issue 31: ``inspect tls.crt --ca ca.crt`` said FAIL for good Ed25519 and RSA-PSS
+    chains. Every scheme passes; a leaf signed by another key of the same type fails,
+    and the report says that its signature does not verify with the CA's key."""
+    chain = chains[scheme]
+    for name, data in (
+        ("ca.crt", chain.ca.cert_pem),
+        ("tls.crt", chain.leaf.cert_pem),
+        ("tls.key", chain.leaf.key_pem),
+        ("forged.crt", chain.forged),
+    ):
+        (tmp_path / name).write_bytes(data)
+    ca = str(tmp_path / "ca.crt")
+    (rc, stdout, stderr), (forged_rc, forged_out, _) = await asyncio.gather(
+        metagpu(
+            "certs", "inspect", str(tmp_path / "tls.crt"), "--ca", ca,
+            "--key", str(tmp_path / "tls.key"), "--server-name", "localhost",
+        ),
+        metagpu("certs", "inspect", str(tmp_path / "forged.crt"), "--ca", ca, "-o", "json"),
+    )  # fmt: skip
+    assert rc == 0, stdout + stderr
+    assert "check chain: OK — signed by the given CA" in stdout
+    assert "check key: OK" in stdout
+    assert f"key:          {KEY_ALGORITHM[scheme]}" in stdout
+    assert f"signed with:  {SIGNATURE[scheme]}" in stdout
+    assert forged_rc == 1
+    checks = {c["name"]: c for c in json.loads(forged_out)["checks"]}
+    assert checks["validity"]["ok"]
+    assert not checks["chain"]["ok"]
+    assert "signature does not verify with its" in checks["chain"]["detail"]
+    assert "would be accepted" in checks["chain"]["detail"]
 
 
 async def test_inspect_an_expired_file_exits_1(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -35,6 +36,7 @@ from certs.issue import (
     iso_utc,
     issue_ca,
     issue_serving_cert,
+    issuer_problem,
     key_algorithm_of,
     key_matches,
     key_to_pem,
@@ -44,10 +46,10 @@ from certs.issue import (
     normalize_ip_address,
     service_dns_names,
     should_renew,
-    signed_by,
     validity_problem,
     verify_chain,
 )
+from tests.certs.chains import KEY_ALGORITHM, SCHEMES, SIGNATURE, Chain, Scheme, ca_variant
 from tests.certs.conftest import SERVICE_NAMES, T0
 from tests.certs.malformed import FAULTS, Fault, malformed_leaf
 
@@ -215,7 +217,7 @@ def test_renewed_ca_with_the_same_key_still_verifies_old_leaves(
     )
     assert cert(renewed.cert_pem).serial_number != cert(ca_pair.cert_pem).serial_number
     verify_chain(leaf_pair.cert_pem, renewed.cert_pem, now=T0 + dt.timedelta(days=200))
-    assert signed_by(leaf_pair.cert_pem, renewed.cert_pem)
+    assert issuer_problem(leaf_pair.cert_pem, renewed.cert_pem) is None
 
 
 # ------------------------------------------------------------------- errors
@@ -314,6 +316,133 @@ def test_verify_chain_accepts_a_bundle_holding_the_signing_ca(
         verify_chain(leaf_pair.cert_pem, other.cert_pem + other.cert_pem, now=T0)
 
 
+# ------------------------------------------------------ signature schemes
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_signature_scheme_chains_and_a_forged_leaf_says_why(
+    chains: dict[Scheme, Chain], scheme: Scheme
+) -> None:
+    """Issue 31: Ed25519 and RSA-PSS chains were called broken. Each scheme's chain
+    verifies; a leaf like it (same names, same key id) signed by another key of the
+    same type fails, saying so and what would be accepted."""
+    chain = chains[scheme]
+    verify_chain(chain.leaf.cert_pem, chain.ca.cert_pem, now=chain.now)
+    assert issuer_problem(chain.leaf.cert_pem, chain.ca.cert_pem) is None
+    assert inspect_cert(chain.leaf.cert_pem).key_algorithm == KEY_ALGORITHM[scheme]
+    with pytest.raises(CertError) as err:
+        verify_chain(chain.forged, chain.ca.cert_pem, now=chain.now)
+    message = str(err.value)
+    assert f"was not signed by the CA 'CN=chain-test-ca ({scheme})'" in message
+    assert f"signature does not verify with its {KEY_ALGORITHM[scheme]} key" in message
+    assert "only the CA certificate with the key that made it" in message
+    assert issuer_problem(chain.forged, chain.ca.cert_pem) == message
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_failure_names_the_signature_the_way_openssl_would(
+    chains: dict[Scheme, Chain], scheme: Scheme
+) -> None:
+    chain = chains[scheme]
+    assert inspect_cert(chain.leaf.cert_pem).signature_algorithm == SIGNATURE[scheme]
+    problem = issuer_problem(chain.forged, chain.ca.cert_pem) or ""
+    assert f"the {SIGNATURE[scheme]} signature does not verify" in problem
+
+
+OTHER_TYPE: dict[Scheme, Scheme] = {
+    "ed25519": "ecdsa-p256",
+    "ed448": "ed25519",
+    "ecdsa-p256": "ed25519",
+    "ecdsa-p384": "rsa-pkcs1v15",
+    "rsa-pkcs1v15": "ecdsa-p384",
+    "rsa-pss": "ed448",
+}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        pytest.param(
+            "other-issuer",
+            ["is not the CA", "a CA certificate whose subject is 'CN=chain-test-ca ("],
+            id="other-issuer",
+        ),
+        pytest.param(
+            "not-a-ca",
+            ["is not a CA certificate (no basicConstraints CA:TRUE)", "same subject and key"],
+            id="not-a-ca",
+        ),
+        pytest.param(
+            "expired-ca",
+            ["CA certificate expired at", "the same CA renewed (same subject and key)"],
+            id="expired-ca",
+        ),
+        pytest.param(
+            "other-key-type",
+            ["signature cannot be checked with the CA's", "only the CA certificate with the key"],
+            id="other-key-type",
+        ),
+    ],
+)
+def test_each_chain_fault_says_what_is_wrong_and_what_would_be_accepted(
+    chains: dict[Scheme, Chain], scheme: Scheme, fault: str, expected: list[str]
+) -> None:
+    chain = chains[scheme]
+    now = chain.now
+    if fault == "other-issuer":
+        ca_pem = chains[OTHER_TYPE[scheme]].ca.cert_pem
+    elif fault == "not-a-ca":
+        ca_pem = ca_variant(chain, is_ca=False)
+    elif fault == "expired-ca":
+        ca_pem = ca_variant(chain, not_after=now)
+        now += dt.timedelta(seconds=1)
+    else:
+        ca_pem = ca_variant(chain, scheme=OTHER_TYPE[scheme])
+    with pytest.raises(CertError) as err:
+        verify_chain(chain.leaf.cert_pem, ca_pem, now=now)
+    for part in expected:
+        assert part in str(err.value)
+
+
+def test_a_signature_cryptography_does_not_know_is_named_not_fatal(
+    ca_pair: CertPair, leaf_pair: CertPair
+) -> None:
+    """Reading a certificate (inspect, bootstrap, the TLS reloader) names its
+    signature; only the chain check must verify it, and says it cannot."""
+    ecdsa_sha256 = bytes.fromhex("06082a8648ce3d040302")  # 1.2.840.10045.4.3.2
+    unknown = bytes.fromhex("06082a8648ce3d040309")  # 1.2.840.10045.4.3.9: cryptography knows none
+    der = cert(leaf_pair.cert_pem).public_bytes(serialization.Encoding.DER)
+    assert der.count(ecdsa_sha256) == 2  # inside the signed part, and beside the signature
+    odd = x509.load_der_x509_certificate(der.replace(ecdsa_sha256, unknown))
+    pem = odd.public_bytes(serialization.Encoding.PEM)
+    assert inspect_cert(pem).signature_algorithm == "1.2.840.10045.4.3.9"
+    with pytest.raises(CertError) as err:
+        verify_chain(pem, ca_pair.cert_pem, now=T0)
+    assert "its 1.2.840.10045.4.3.9 signature cannot be checked with the CA's" in str(err.value)
+
+
+def test_a_self_signed_certificate_trusted_as_itself_needs_no_ca_flag(
+    chains: dict[Scheme, Chain],
+) -> None:
+    """``inspect tls.crt --ca tls.crt`` for a self-signed serving certificate: TLS clients
+    accept a trust anchor that is the certificate itself, so the chain check does too."""
+    chain = chains["ed25519"]
+    self_signed = ca_variant(chain, is_ca=False)
+    verify_chain(self_signed, self_signed, now=chain.now)
+
+
+def test_issuing_with_an_edwards_ca_key_keeps_that_ca_usable(
+    chains: dict[Scheme, Chain],
+) -> None:
+    """Bootstrap keeps a working CA whatever its key type, so it must sign and renew
+    with an Ed25519/Ed448 key too (no digest: Edwards keys hash internally)."""
+    for scheme in ("ed25519", "ed448"):
+        ca = chains[scheme].ca
+        renewed = issue_ca(key=load_private_key(ca.key_pem), now=T0, common_name="renewed")
+        leaf = issue_serving_cert(ca=renewed, key=new_private_key(), now=T0, dns_names=["a.b"])
+        verify_chain(leaf.cert_pem, renewed.cert_pem, now=T0)
+        assert inspect_cert(renewed.cert_pem).key_algorithm == scheme
+
+
 def test_key_matches_and_inspection(ca_pair: CertPair, leaf_pair: CertPair) -> None:
     assert key_matches(leaf_pair.cert_pem, leaf_pair.key_pem)
     assert not key_matches(leaf_pair.cert_pem, ca_pair.key_pem)
@@ -348,7 +477,7 @@ def test_a_certificate_that_breaks_when_read_is_a_cert_error(
         ca_name = common_name_of(ca_pair.cert_pem)
         assert ca_name is not None
         as_ca = malformed_leaf(ca_pair, key, now=T0, fault=fault, common_name=ca_name)
-        assert not signed_by(ca_pair.cert_pem, as_ca)
+        assert "malformed or unsupported" in (issuer_problem(ca_pair.cert_pem, as_ca) or "")
         with pytest.raises(CertError, match="malformed or unsupported"):
             verify_chain(ca_pair.cert_pem, as_ca, now=T0)
     else:

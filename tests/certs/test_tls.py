@@ -17,16 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from certs.files import BundlePaths, write_atomic, write_bundle
 from certs.issue import (
     CertPair,
     inspect_cert,
+    issue_ca,
     issue_serving_cert,
     key_to_pem,
     new_private_key,
 )
 from certs.tls import ReloadingTLS, TlsError, load_serving_pair
+from tests.certs.chains import KEY_ALGORITHM, SCHEMES, Chain, Scheme, build_chain
 from tests.certs.conftest import T0
 from tests.certs.malformed import FAULTS, Fault, malformed_leaf
 
@@ -98,6 +102,86 @@ def test_a_malformed_rotation_is_refused_and_a_later_good_one_still_loads(
     write_bundle(paths.ca_file.parent, ca_cert_pem=ca_pair.cert_pem, leaf=good)
     assert poll_until_settled(tls)
     assert tls.current.info.serial == serial(good)
+
+
+def handshake(server: ssl.SSLContext, *, ca_pem: bytes, server_name: str = "localhost") -> bytes:
+    """A TLS handshake in memory between ``server`` and a client that trusts only
+    ``ca_pem`` and checks ``server_name``; returns the certificate served (DER)."""
+    client = ssl.create_default_context(cadata=ca_pem.decode())
+    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    ends = [
+        client.wrap_bio(c_in, c_out, server_hostname=server_name),
+        server.wrap_bio(s_in, s_out, server_side=True),
+    ]
+    pending = list(ends)
+    for _ in range(10):
+        for end in list(pending):
+            try:
+                end.do_handshake()
+                pending.remove(end)
+            except ssl.SSLWantReadError:
+                pass
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if not pending:
+            break
+    assert not pending, "the handshake did not finish"
+    der = ends[0].getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_signature_scheme_the_api_server_verifies_is_reloaded_and_served(
+    tmp_path: Path, chains: dict[Scheme, Chain], scheme: Scheme, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 31: a rotation to an Ed25519, ECDSA, RSA PKCS#1 v1.5 or RSA-PSS pair
+    (cert-manager issues the first and the last) is loaded, and OpenSSL, as a client
+    trusting only that chain's CA, accepts what the reloaded listener serves.
+
+    Ed448 is the exception: OpenSSL serves it, but the API server is Go, which cannot
+    verify Ed448, so a rotation to it is refused like any pair clients would refuse,
+    and the working pair keeps serving; at start, with nothing better, it is served
+    with a warning.
+    """
+    chain = chains[scheme]
+    first_ca = issue_ca(key=new_private_key(), now=chain.now)
+    first = issue_serving_cert(
+        ca=first_ca, key=new_private_key(), now=chain.now, dns_names=["localhost"]
+    )
+    paths = write_bundle(tmp_path, ca_cert_pem=first_ca.cert_pem, leaf=first)
+    tls = ReloadingTLS(paths.cert_file, paths.key_file, clock=lambda: chain.now)
+    write_bundle(tmp_path, ca_cert_pem=chain.ca.cert_pem, leaf=chain.leaf)
+    leaf_der = x509.load_pem_x509_certificate(chain.leaf.cert_pem).public_bytes(
+        serialization.Encoding.DER
+    )
+    if scheme == "ed448":
+        assert not poll_until_settled(tls)
+        assert tls.current.info.serial == serial(first)
+        (refusal,) = refusals(caplog)
+        assert "has an Ed448 key, which the Kubernetes API server" in refusal
+        assert "an Ed25519, ECDSA or RSA pair would be accepted" in refusal
+        pair = load_serving_pair(paths.cert_file, paths.key_file, now=chain.now)
+        assert "has an Ed448 key" in caplog.records[-1].getMessage()
+        assert handshake(pair.context, ca_pem=chain.ca.cert_pem) == leaf_der
+        return
+    assert poll_until_settled(tls)
+    assert refusals(caplog) == []
+    assert tls.current.info.serial == serial(chain.leaf)
+    assert tls.current.info.key_algorithm == KEY_ALGORITHM[scheme]
+    assert handshake(tls.server_context, ca_pem=chain.ca.cert_pem) == leaf_der
+
+
+def test_a_pair_an_ed448_ca_signed_is_refused_on_reload(
+    tls: ReloadingTLS, paths: BundlePaths, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ECDSA key does not help when the signature on it is Ed448: the API server
+    must verify that signature with the CA's key, and Go cannot."""
+    chain = build_chain("ed448", now=T0, leaf_key=new_private_key())
+    write_bundle(paths.ca_file.parent, ca_cert_pem=chain.ca.cert_pem, leaf=chain.leaf)
+    assert not poll_until_settled(tls)
+    (refusal,) = refusals(caplog)
+    assert "is signed with Ed448, which the Kubernetes API server" in refusal
 
 
 def test_a_rotation_caught_between_key_and_certificate_is_waited_out(
