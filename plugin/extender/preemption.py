@@ -143,21 +143,54 @@ def select_victims(
     )
     violating = [v for v, f in zip(ordered, flags, strict=True) if f]
     rest = [v for v, f in zip(ordered, flags, strict=True) if not f]
+    for shortcut in (True, False):
+        plan = _reprieve(ask, view, ledger, memo, violating, rest, released, everything, shortcut)
+        if plan is not None:
+            victims, kept, final = plan
+            return NodePlan(node, victims, kept, _taken(final, view))
+    return "no set of lower-priority pods here lets the pod fit"  # pragma: no cover
+
+
+def _reprieve(  # noqa: PLR0917 - one private step of select_victims
+    ask: PodAsk,
+    view: NodeView,
+    ledger: Ledger,
+    memo: PlacementMemo,
+    violating: list[Victim],
+    rest: list[Victim],
+    released: dict[int, int],
+    placed: PodPlacement,
+    shortcut: bool,
+) -> tuple[tuple[Victim, ...], int, PodPlacement] | None:
+    """Give candidates back, most important first; the rest are the victims.
+
+    ``shortcut``: a candidate holding units only on GPUs the current placement does not
+    use is given back without asking place_pod (taking units the pod does not use cannot
+    make it stop fitting: fitting is monotone in free units), so a node of 8 GPUs costs
+    a few placements, not one per pod. The final placement is asked for all the same;
+    should it not fit, the caller runs this again without the shortcut.
+    """
     victims: list[Victim] = []
     violating_victims = 0
+    using = {int(pos) for pos, n in placed.taken.items() if n}
     for group, violates in ((violating, True), (rest, False)):
         for v in group:
-            trial = dict(released)
-            for pos, n in v.units.items():
-                trial[pos] -= n
-            if memo.place(ask, ledger.view_released(view, trial)).fits:
+            if shortcut and not using.intersection(v.units):
+                released = {pos: n - v.units.get(pos, 0) for pos, n in released.items()}
+                continue
+            trial = {pos: n - v.units.get(pos, 0) for pos, n in released.items()}
+            attempt = memo.place(ask, ledger.view_released(view, trial))
+            if attempt.fits:
                 released = trial  # reprieved: the pod fits with this one kept
+                using = {int(pos) for pos, n in attempt.taken.items() if n}
             else:
                 victims.append(v)
                 violating_victims += violates
     final = memo.place(ask, ledger.view_released(view, released))
+    if not final.fits:
+        return None
     victims.sort(key=lambda v: -v.priority)
-    return NodePlan(node, tuple(victims), violating_victims, _taken(final, view))
+    return tuple(victims), violating_victims, final
 
 
 def pick_node(plans: Sequence[NodePlan]) -> NodePlan | None:
