@@ -59,12 +59,15 @@ from plugin.deviceplugin.ownership import DEFAULT_INTERVAL_S, NodeDevicesSource,
 from plugin.deviceplugin.podresources import PodResourcesReader
 from plugin.deviceplugin.server import KUBELET_SOCKET_NAME, PluginServer, PluginServerError
 from plugin.deviceplugin.servicer import DevicePluginServicer
-from plugin.gpu.backend import GpuBackend, GpuBackendError, NullBackend
+from plugin.gpu.backend import ComputeModeControl, GpuBackend, GpuBackendError, NullBackend
 from plugin.gpu.backends import open_backend
 from plugin.gpu.health import HealthPolicy, RecoveryChecks
 from plugin.gpu.health_file import REFRESH_INTERVAL_S, BoardPublisher, health_file_path
 from plugin.gpu.health_monitor import HealthBoard, HealthMonitor
 from plugin.gpu.identity import GpuIdentityBook
+from plugin.gpu.mps import Backoff, MpsGpu
+from plugin.gpu.mps_control import MpsControl
+from plugin.gpu.mps_supervisor import MpsSupervisor
 from plugin.placement.devices import (
     DeviceError,
     DeviceTable,
@@ -113,6 +116,9 @@ class _Node:
     backend: GpuBackend
     monitor: HealthMonitor | None
     pod_resources: NodeDevicesSource | None = None
+    mps: MpsSupervisor | None = None
+    """The supervised MPS control daemon (``mps.supervise``); kept across a reload
+    that leaves ``mps`` unchanged, so running clients keep their daemon."""
 
 
 @dataclass
@@ -236,11 +242,12 @@ class Supervisor:
                 # event_timeout_s: retire the old node in the background and
                 # serve the new one now (NVML allows two event sets at once).
                 old, self._node = self._node, None
+                kept_mps = _keep_mps(old, new_config, new_backend)
                 if old is not None:
                     retiring = asyncio.create_task(self._close_node(old), name="retire-old-node")
                     self._retiring.add(retiring)
                     retiring.add_done_callback(self._retiring.discard)
-                self._node = await self._start_node(new_config, new_backend)
+                self._node = await self._start_node(new_config, new_backend, mps=kept_mps)
         except FatalInitError as exc:
             logger.error("%s", exc)
             return EXIT_FATAL
@@ -436,7 +443,10 @@ class Supervisor:
             )
             return NullBackend()
 
-    async def _start_node(self, config: PluginConfig, backend: GpuBackend) -> _Node:
+    async def _start_node(
+        self, config: PluginConfig, backend: GpuBackend, *, mps: MpsSupervisor | None = None
+    ) -> _Node:
+        """``mps``: a supervised daemon kept from the node before a reload."""
         assert self.board is not None
         self.board.ledger.set_policy(_policy(config))
         if self.publisher is not None:
@@ -460,11 +470,14 @@ class Supervisor:
                 "except GPUs whose discovery failed"
             )
         logger.info("GPU backend: %s", getattr(backend, "kind", type(backend).__name__))
+        if mps is None:
+            mps = _mps_supervisor(config, backend, self.board)
         return _Node(
             config=config,
             backend=backend,
             monitor=monitor,
             pod_resources=self._pod_resources_factory(config),
+            mps=mps,
         )
 
     async def _stop_node(self) -> None:
@@ -473,6 +486,8 @@ class Supervisor:
             await self._close_node(node)
 
     async def _close_node(self, node: _Node) -> None:
+        if node.mps is not None:
+            await node.mps.stop()
         if node.monitor is not None:
             await node.monitor.stop()
         if node.pod_resources is not None:
@@ -568,6 +583,17 @@ class Supervisor:
             )
             tables.append(table)
         self.board.set_gpus(g.info for t in tables for g in t.gpus)
+        if self._node.mps is not None:
+            # Before serving: the first device list already says which GPUs the
+            # daemon can serve (bounded by mps.start_timeout_s).
+            await self._node.mps.serve(
+                [
+                    MpsGpu(uuid=g.uuid, index=g.info.index, memory_mib=g.info.memory_mib)
+                    for t in tables
+                    for g in t.gpus
+                    if g.info.unhealthy_reason is None
+                ]
+            )
         if self._node.monitor is not None:
             # GPUs whose discovery failed are sick until the next discovery
             # anyway, and may not even have a real UUID to register.
@@ -707,6 +733,47 @@ def _dry_run(config: PluginConfig, backend: GpuBackend) -> None:
     for chosen in selection.resources:
         if chosen.gpus:
             _table(config, chosen)
+
+
+def _mps_supervisor(
+    config: PluginConfig, backend: GpuBackend, board: HealthBoard
+) -> MpsSupervisor | None:
+    """The supervised daemon ``mps.supervise`` asks for (None without it or without GPUs)."""
+    mps = config.mps
+    if not (mps.enabled and mps.supervise) or isinstance(backend, NullBackend):
+        return None
+    modes = _mode_control(config, backend)
+    control = MpsControl(
+        command=tuple(mps.control_command),
+        pipe_directory=mps.pipe_directory,
+        log_directory=mps.effective_log_directory,
+    )
+    return MpsSupervisor(
+        control,
+        board,
+        modes=modes,
+        health_interval_s=mps.health_interval_s,
+        command_timeout_s=mps.command_timeout_s,
+        start_timeout_s=mps.start_timeout_s,
+        backoff=Backoff(initial_s=mps.restart_backoff_s, max_s=mps.restart_backoff_max_s),
+    )
+
+
+def _keep_mps(old: _Node | None, config: PluginConfig, backend: GpuBackend) -> MpsSupervisor | None:
+    """Hand the running daemon to the reloaded node when ``mps`` did not change: a quit
+    would wait for every running client to finish (the daemon's quit is synchronous)."""
+    if old is None or old.mps is None or old.config.mps != config.mps:
+        return None
+    kept, old.mps = old.mps, None
+    kept.set_modes(_mode_control(config, backend))
+    return kept
+
+
+def _mode_control(config: PluginConfig, backend: GpuBackend) -> ComputeModeControl | None:
+    """The backend, to set compute modes through, unless ``mps.set_exclusive_process`` is off."""
+    if config.mps.set_exclusive_process and isinstance(backend, ComputeModeControl):
+        return backend
+    return None
 
 
 def _close_quietly(backend: GpuBackend) -> None:
