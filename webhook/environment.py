@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from plugin.api.limits import share_percent
 from plugin.api.resources import (
     ENV_COMPUTE_POLICY,
     ENV_CUDA_VISIBLE_DEVICES,
@@ -95,16 +96,6 @@ def shown(var: str, item: EnvItem) -> str:
 def hides_gpus(item: EnvItem) -> bool:
     """True for ``NVIDIA_VISIBLE_DEVICES`` values that expose no GPU (void, none, empty)."""
     return "valueFrom" not in item and (item.get("value") or "") in NO_GPU_VALUES
-
-
-def share_percent(units: int, units_per_gpu: int) -> int:
-    """A container's share of one GPU in whole percent, rounded up, 1..100.
-
-    Rounded up so a share that is not a whole percent (333 of 1000 units) is
-    never capped below what it was given; capped at 100 because
-    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` is per GPU.
-    """
-    return max(1, min(100, math.ceil(units * 100 / units_per_gpu)))
 
 
 def check_gpu_container(

@@ -40,6 +40,7 @@ from typing import Any, Final, NamedTuple
 
 import orjson
 
+from plugin.api.limits import share_percent
 from plugin.api.resources import (
     ANNOTATION_COMPUTE_POLICY,
     ANNOTATION_ORIGINAL_REQUEST,
@@ -52,7 +53,6 @@ from webhook.environment import (
     add_policy_env,
     check_gpu_container,
     check_no_gpu_container,
-    share_percent,
     void_no_gpu_container,
 )
 from webhook.model import (

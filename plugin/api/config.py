@@ -171,14 +171,25 @@ class HealthConfig(StrictModel):
 
 
 class MpsConfig(StrictModel):
-    """CUDA MPS: clients of one MPS daemon per node share GPUs with hard memory limits.
+    """CUDA MPS: clients of one MPS control daemon per node share GPUs with hard memory limits.
 
-    The plugin does not run the MPS control daemon; it points containers at one
-    (see docs/device-plugin.md, "MPS")."""
+    With ``supervise`` the plugin runs the daemon itself (:mod:`plugin.gpu.mps_supervisor`):
+    the GPUs go to ``EXCLUSIVE_PROCESS``, the daemon is started, asked, restarted and
+    quit by the plugin, and a GPU whose daemon is down is not offered. Without it the
+    plugin only points containers at a daemon someone else runs (see
+    docs/device-plugin.md, "MPS")."""
 
     enabled: bool = False
     """Give containers ``CUDA_MPS_PIPE_DIRECTORY``, the pipe mount and
     ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` from their share of each GPU."""
+
+    supervise: bool = False
+    """Run and watch ``nvidia-cuda-mps-control -d`` from the plugin (needs ``enabled``):
+    compute mode ``EXCLUSIVE_PROCESS`` on every served GPU (restored on stop), the
+    daemon's defaults set, its answers checked every ``health_interval_s``, restarts
+    with backoff, and the GPUs withdrawn (check ``mps``) while it does not answer.
+    Off by default: it needs root and the NVIDIA runtime's ``compute,utility``
+    capabilities in the plugin's container, and it changes the GPUs' compute mode."""
 
     pipe_directory: Path = DEFAULT_MPS_PIPE_DIRECTORY
     """Host directory of the MPS control daemon's pipes."""
@@ -187,12 +198,62 @@ class MpsConfig(StrictModel):
     """Where that directory is mounted in the container (and what
     ``CUDA_MPS_PIPE_DIRECTORY`` says)."""
 
-    @field_validator("pipe_directory", "container_pipe_directory")
+    log_directory: Path | None = None
+    """The daemon's ``CUDA_MPS_LOG_DIRECTORY`` (``control.log``, ``server.log``);
+    None: ``<pipe_directory>/log``. Never mounted into GPU containers."""
+
+    shm_directory: Path | None = None
+    """Host directory mounted at ``/dev/shm`` in every MPS client container, which
+    must also be the daemon's ``/dev/shm`` (the chart mounts it in the plugin's
+    container): MPS servers and clients exchange shared memory there, as NVIDIA's
+    plugin arranges. None: no mount (the daemon and its clients already share
+    ``/dev/shm``, e.g. all on the host)."""
+
+    control_command: list[str] = Field(
+        default_factory=lambda: ["nvidia-cuda-mps-control"], min_length=1
+    )
+    """The control program and any leading arguments. ``metagpu dev`` points it at the
+    documented stand-in (``python -m plugin.gpu.mps_standin``) on simulated GPUs."""
+
+    set_exclusive_process: bool = True
+    """Put each GPU in ``EXCLUSIVE_PROCESS`` while the daemon serves it, so a process that
+    ignores ``CUDA_MPS_PIPE_DIRECTORY`` cannot open a context of its own beside MPS. A
+    GPU whose mode cannot be set is withdrawn (check ``mps``); false: leave the mode
+    alone (the label ``metagpu.io/enforces`` then says less)."""
+
+    health_interval_s: float = Field(default=5.0, gt=0, le=300)
+    """Seconds between asks (``get_server_list``); a daemon that stops answering is
+    noticed within one interval plus ``command_timeout_s``."""
+
+    command_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    """Bound of one control command (the front end connects, sends, reads, exits)."""
+
+    start_timeout_s: float = Field(default=15.0, gt=0, le=300)
+    """How long a fresh daemon may take to answer its first command."""
+
+    restart_backoff_s: float = Field(default=1.0, gt=0, le=300)
+    """First wait before restarting a daemon that died; doubles per failed start."""
+
+    restart_backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
+    """Longest wait between restarts; a daemon that answers for this long resets it."""
+
+    @field_validator("pipe_directory", "container_pipe_directory", "log_directory", "shm_directory")
     @classmethod
-    def _absolute(cls, value: Path) -> Path:
-        if not value.is_absolute():
+    def _absolute(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
             raise ValueError(f"must be an absolute path: {str(value)!r}")
         return value
+
+    @model_validator(mode="after")
+    def _supervise_needs_enabled(self) -> MpsConfig:
+        if self.supervise and not self.enabled:
+            raise ValueError("mps.supervise needs mps.enabled: the daemon serves MPS clients")
+        return self
+
+    @property
+    def effective_log_directory(self) -> Path:
+        """``log_directory``, or ``<pipe_directory>/log``."""
+        return self.log_directory or self.pipe_directory / "log"
 
 
 class PlacementConfig(StrictModel):

@@ -82,6 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_switch(parser, "--health-checks", help="watch NVML for XID/ECC errors (health.enabled)")
     add_switch(parser, "--mps", help="hand containers CUDA MPS settings (mps.enabled)")
+    add_switch(
+        parser,
+        "--mps-supervise",
+        help="run and watch the MPS control daemon, GPUs in EXCLUSIVE_PROCESS (mps.supervise)",
+    )
     add_print_config_argument(parser)
 
 
@@ -100,6 +105,7 @@ def config_flags(args: argparse.Namespace) -> dict[str, object]:
         "fail_on_init_error": args.fail_on_init_error,
         "health.enabled": args.health_checks,
         "mps.enabled": args.mps,
+        "mps.supervise": args.mps_supervise,
     }
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from plugin.api.config import PluginConfig
+from plugin.api.limits import pinned_limit_env
 from plugin.api.resources import (
     AGENT_SOCKET_NAME,
     CONTAINER_AGENT_DIR,
@@ -53,6 +54,9 @@ runtime reads the GPU list from mount destinations under it."""
 
 VOLUME_MOUNTS_HOST_PATH = "/dev/null"
 """NVIDIA's ``deviceListAsVolumeMountsHostPath``: the mount source is irrelevant."""
+
+SHM_PATH = "/dev/shm"
+"""Where ``mps.shm_directory`` is mounted in MPS clients (NVIDIA's ``ShmDir``)."""
 
 
 @dataclass(frozen=True)
@@ -127,8 +131,8 @@ def build_container_spec(devices: Sequence[MetaDevice], *, config: PluginConfig)
         )
     if config.mps.enabled:
         envs[ENV_MPS_PIPE_DIRECTORY] = str(config.mps.container_pipe_directory)
-        envs[ENV_MPS_PINNED_DEVICE_MEM_LIMIT] = ",".join(
-            f"{ordinal}={s.memory_limit_mib}M" for ordinal, s in enumerate(shares)
+        envs[ENV_MPS_PINNED_DEVICE_MEM_LIMIT] = pinned_limit_env(
+            [s.memory_limit_mib for s in shares]
         )
         mounts.append(
             MountSpec(
@@ -137,6 +141,16 @@ def build_container_spec(devices: Sequence[MetaDevice], *, config: PluginConfig)
                 read_only=False,
             )
         )
+        if config.mps.shm_directory is not None:
+            # The MPS server (spawned by the daemon, in the plugin's container) and
+            # its clients exchange shared memory in /dev/shm: one tmpfs for both.
+            mounts.append(
+                MountSpec(
+                    container_path=SHM_PATH,
+                    host_path=str(config.mps.shm_directory),
+                    read_only=False,
+                )
+            )
     return ContainerSpec(envs=envs, mounts=tuple(mounts), shares=shares)
 
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
+from plugin.api.chart_values import setting
 from plugin.api.config import PluginConfig
 from plugin.api.resources import ResourceName
 from plugin.api.settings import ConfigError
@@ -279,9 +280,9 @@ class Supervisor:
                 if not await watch.ensure():
                     logger.error(
                         "device-plugins directory %s does not exist: is the kubelet's root "
-                        "directory different on this node? (set device_plugins_dir); "
-                        "retrying in %ss",
+                        "directory different on this node? (set %s); retrying in %ss",
                         watch.directory,
+                        setting("device_plugins_dir"),
                         self.retry_interval_s,
                     )
                 retry_at = await self._start_serving()
@@ -396,7 +397,7 @@ class Supervisor:
         placement = config.placement
         why: str | None = None
         if not placement.honour_assignments:
-            why = "placement.honour_assignments is false"
+            why = f"{setting('placement.honour_assignments')} is false"
         elif placement.node_name is None:
             why = "no node name (set NODE_NAME from the downward API)"
         elif self._open_api is None:
@@ -433,12 +434,13 @@ class Supervisor:
         except GpuBackendError as exc:
             if config.fail_on_init_error:
                 raise FatalInitError(
-                    f"GPU driver initialisation failed: {exc} (fail_on_init_error is true; "
-                    "set it to false to run without GPUs on this node)"
+                    f"GPU driver initialisation failed: {exc} "
+                    f"({setting('fail_on_init_error')} is true; set it to false to run "
+                    "without GPUs on this node)"
                 ) from exc
             logger.warning(
-                "GPU driver initialisation failed, advertising no GPUs "
-                "(fail_on_init_error is false): %s",
+                "GPU driver initialisation failed, advertising no GPUs (%s is false): %s",
+                setting("fail_on_init_error"),
                 exc,
             )
             return NullBackend()
@@ -516,7 +518,8 @@ class Supervisor:
             # A config problem: retrying cannot fix it, a corrected config can.
             logger.error(
                 "the configured GPU selection cannot be served on this node; fix "
-                "resources[].gpus and send SIGHUP (not retrying): %s",
+                "%s and send SIGHUP, or helm upgrade (not retrying): %s",
+                setting("resources[].gpus"),
                 exc,
             )
             self.state = "misconfigured"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from plugin.api.gpus import GpuInfo as GpuInfo  # noqa: PLC0414 - re-exported: part of the port
 
@@ -90,6 +90,13 @@ class MemoryHealth:
     """``nvmlDeviceGetRetiredPagesPendingStatus``: pages wait for a reset to be retired."""
 
 
+ComputeMode = Literal["Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process"]
+"""A GPU's compute mode as NVML names it (``nvmlComputeMode_t``: ``NVML_COMPUTEMODE_DEFAULT``
+= 0, ``EXCLUSIVE_THREAD`` = 1 (deprecated), ``PROHIBITED`` = 2, ``EXCLUSIVE_PROCESS`` = 3);
+``nvidia-smi -q`` prints the same words. MPS wants ``Exclusive_Process``: then the MPS
+server holds the GPU's only context, and a process that bypasses MPS cannot create one."""
+
+
 class GpuBackendError(Exception):
     """A driver call failed. ``uuid`` names the GPU when the failure is specific to one;
     ``lost`` is True when the driver says the GPU itself is gone
@@ -161,6 +168,24 @@ class GpuBackend(Protocol):
 
     def close(self) -> None:
         """Release the driver (NVML shutdown); idempotent."""
+        ...
+
+
+@runtime_checkable
+class ComputeModeControl(Protocol):
+    """Reading and setting a GPU's compute mode: what the supervised MPS daemon needs from
+    the driver (:mod:`plugin.gpu.mps_supervisor`). Kept apart from :class:`GpuBackend`
+    because only the MPS supervisor calls it, and setting needs root on the node.
+
+    Both methods may block and raise only :class:`GpuBackendError`."""
+
+    def compute_mode(self, uuid: str) -> ComputeMode:
+        """The GPU's compute mode now (``nvmlDeviceGetComputeMode``)."""
+        ...
+
+    def set_compute_mode(self, uuid: str, mode: ComputeMode) -> None:
+        """Set it (``nvmlDeviceSetComputeMode``). Not persistent: a driver reload or a
+        reboot puts the GPU back in ``Default``."""
         ...
 
 

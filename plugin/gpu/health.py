@@ -58,6 +58,7 @@ Check = Literal[
     "row-remap",
     "retired-pages",
     "foreign",
+    "mps",
 ]
 """Which check took the GPU out of service (empty while Healthy): a short, fixed
 word for metrics labels and alerts; :attr:`GpuHealth.reason` has the details."""

@@ -85,13 +85,46 @@ class HealthBoard:
         """GPU UUID → why another device plugin's resource claims it
         (:mod:`plugin.placement.ownership`). Kept apart from the ledger: it is not
         a fault, no probe heals it, and it ends only when the other plugin lets go."""
+        self._mps: dict[str, str] = {}
+        """GPU UUID → why the supervised MPS control daemon cannot serve it now
+        (:mod:`plugin.gpu.mps_supervisor`). Not a fault of the GPU either: it ends
+        when the daemon answers again, and no probe heals it."""
 
     def snapshot(self) -> HealthSnapshot:
         unhealthy = dict(self.ledger.unhealthy())
+        for uuid, reason in self._mps.items():
+            other = unhealthy.get(uuid)
+            unhealthy[uuid] = reason if other is None else f"{reason}; also {other}"
         for uuid, reason in self._foreign.items():
             other = unhealthy.get(uuid)
             unhealthy[uuid] = reason if other is None else f"{reason}; also {other}"
         return HealthSnapshot(version=self._version, unhealthy=unhealthy)
+
+    @property
+    def mps(self) -> Mapping[str, str]:
+        """GPU UUID → reason, for every GPU the MPS daemon cannot serve now."""
+        return dict(self._mps)
+
+    def set_mps(self, reasons: Mapping[str, str]) -> None:
+        """Replace the set of GPUs withdrawn because the supervised MPS control daemon
+        cannot serve them (down, restarting, compute mode not set); log each GPU once
+        when it is withdrawn for that and once when it is offered again."""
+        if reasons == self._mps:
+            return
+        for uuid, reason in reasons.items():
+            if uuid not in self._mps:
+                logger.warning(
+                    "GPU withdrawn, all its meta-devices Unhealthy: %s", reason, extra={"gpu": uuid}
+                )
+        for uuid in self._mps.keys() - reasons.keys():
+            logger.info(
+                "MPS control daemon serves the GPU again; offered again", extra={"gpu": uuid}
+            )
+        now = self.wall()
+        for uuid in reasons.keys() ^ self._mps.keys():
+            self._since[uuid] = now
+        self._mps = dict(reasons)
+        self._bump()
 
     @property
     def foreign(self) -> Mapping[str, str]:
@@ -145,9 +178,14 @@ class HealthBoard:
         reason = self.ledger.unhealthy().get(uuid)
         since = self._since.get(uuid, 0.0)
         foreign = self._foreign.get(uuid)
+        mps = self._mps.get(uuid)
         if foreign is not None:
-            shown = foreign if reason is None else f"{foreign}; also {reason}"
+            also = "; ".join(r for r in (mps, reason) if r)
+            shown = foreign if not also else f"{foreign}; also {also}"
             return GpuHealth(uuid=uuid, state=UNHEALTHY, reason=shown, check="foreign", since=since)
+        if mps is not None:
+            shown = mps if reason is None else f"{mps}; also {reason}"
+            return GpuHealth(uuid=uuid, state=UNHEALTHY, reason=shown, check="mps", since=since)
         if reason is None:
             return GpuHealth(uuid=uuid, state=HEALTHY, reason="", check="", since=since)
         return GpuHealth(

@@ -38,6 +38,8 @@ from typing import Any, TypeVar
 import pynvml
 
 from plugin.gpu.backend import (
+    ComputeMode,
+    ComputeModeControl,
     GpuBackend,
     GpuBackendError,
     GpuEvent,
@@ -62,6 +64,14 @@ WATCHED_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoub
 by the hardware and do not make a GPU unusable."""
 
 T = TypeVar("T")
+
+_COMPUTE_MODES: dict[int, ComputeMode] = {
+    0: "Default",  # NVML_COMPUTEMODE_DEFAULT
+    1: "Exclusive_Thread",  # NVML_COMPUTEMODE_EXCLUSIVE_THREAD (deprecated)
+    2: "Prohibited",  # NVML_COMPUTEMODE_PROHIBITED
+    3: "Exclusive_Process",  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+}
+"""``nvmlComputeMode_t`` values (nvml.h); pynvml exports them as ``NVML_COMPUTEMODE_*``."""
 
 
 def _text(value: object) -> str:
@@ -325,6 +335,36 @@ class NvmlBackend:
                 f"NVML could not {what}: {exc}", uuid=uuid, lost=_lost(exc)
             ) from exc
 
+    # ------------------------------------------------------- compute mode
+    def compute_mode(self, uuid: str) -> ComputeMode:
+        handle = self._handle(uuid)
+        value = int(
+            self._call(
+                f"read the compute mode of {uuid}",
+                pynvml.nvmlDeviceGetComputeMode,
+                handle,
+                uuid=uuid,
+            )
+        )
+        try:
+            return _COMPUTE_MODES[value]
+        except KeyError:
+            raise GpuBackendError(f"unknown compute mode {value} on {uuid}", uuid=uuid) from None
+
+    def set_compute_mode(self, uuid: str, mode: ComputeMode) -> None:
+        """Needs root (``NVML_ERROR_NO_PERMISSION`` otherwise); some virtual machines
+        refuse it (``NVML_ERROR_NOT_SUPPORTED``). Either is a :class:`GpuBackendError`
+        naming the GPU and the mode."""
+        value = next(k for k, v in _COMPUTE_MODES.items() if v == mode)
+        handle = self._handle(uuid)
+        self._call(
+            f"set the compute mode of {uuid} to {mode}",
+            pynvml.nvmlDeviceSetComputeMode,
+            handle,
+            value,
+            uuid=uuid,
+        )
+
     # ------------------------------------------------------------- events
     def watch_events(self, uuids: Collection[str]) -> None:
         with self._lock:
@@ -466,6 +506,10 @@ class NvmlBackend:
             raise GpuBackendError(
                 f"NVML could not {what}: {exc}", uuid=uuid, lost=_lost(exc)
             ) from exc
+
+
+def _satisfies(backend: NvmlBackend) -> ComputeModeControl:
+    return backend  # mypy: NvmlBackend still satisfies the compute-mode port
 
 
 def open_nvml() -> GpuBackend:

@@ -22,6 +22,7 @@ The GPUs come from a YAML file (``--gpus-file``)::
         volatile_uncorrected_ecc: 0   # null: the GPU has no ECC (not supported)
         remapped_rows: {correctable: 0, uncorrectable: 0, pending: false, failure: false}
         retired_pages_pending: false  # null: not supported (Ampere and later)
+        compute_mode: Default      # Exclusive_Process once the MPS supervisor set it
 
 The file is re-read when it changes, so a test (or a person trying
 ``make run``) can drive a running plugin from outside the process: appending to
@@ -54,6 +55,8 @@ from pydantic import Field, ValidationError, model_validator
 
 from plugin.api.settings import ConfigError, StrictModel, format_validation_error, read_config_file
 from plugin.gpu.backend import (
+    ComputeMode,
+    ComputeModeControl,
     GpuBackend,
     GpuBackendError,
     GpuEvent,
@@ -106,7 +109,7 @@ class SimulatedGpu(StrictModel):
     utilization_percent: int | None = Field(default=0, ge=0, le=100)
     memory_reserved_mib: int = Field(default=0, ge=0)
     """Memory in use that no listed process holds (driver, context overhead)."""
-    fail: Literal["discovery", "usage", "processes"] | None = None
+    fail: Literal["discovery", "usage", "processes", "compute_mode"] | None = None
     """Make one kind of call fail for this GPU, as a flaky NVML call would."""
     xids: list[int] = Field(default_factory=list)
     """XID errors that have happened, oldest first. New entries become events."""
@@ -120,6 +123,9 @@ class SimulatedGpu(StrictModel):
     """None: no row remapper (before Ampere)."""
     retired_pages_pending: bool | None = False
     """None: no page retirement (Ampere and later)."""
+    compute_mode: ComputeMode = "Default"
+    """As ``nvmlDeviceGetComputeMode`` reports it; :meth:`SimulatedGpus.set_compute_mode`
+    changes it in memory, as the driver does."""
 
 
 class SimulatedGpusFile(StrictModel):
@@ -172,6 +178,10 @@ class SimulatedGpus:
         self._path = path
         self._stamp = self._file_stamp()
         self._closed = False
+        self._modes: dict[str, ComputeMode] = {}
+        """Compute modes set through :meth:`set_compute_mode`; they outlive file reloads."""
+        self.compute_mode_changes: list[tuple[str, ComputeMode]] = []
+        """Every :meth:`set_compute_mode`, in order: what a test checks was set and restored."""
 
     @classmethod
     def from_file(cls, path: Path) -> SimulatedGpus:
@@ -265,6 +275,27 @@ class SimulatedGpus:
 
     def close(self) -> None:
         self._closed = True
+
+    # --------------------------------------------------------- compute mode
+    def compute_mode(self, uuid: str) -> ComputeMode:
+        self._refresh()
+        with self._lock:
+            return self._answering(uuid, "read the compute mode of").compute_mode
+
+    def set_compute_mode(self, uuid: str, mode: ComputeMode) -> None:
+        """Kept in memory, as the driver keeps it (a reload of the file does not
+        undo it), and recorded in :attr:`compute_mode_changes` in call order."""
+        with self._lock:
+            gpu = self._answering(uuid, f"set the compute mode to {mode} of")
+            if gpu.fail == "compute_mode":
+                raise GpuBackendError(
+                    f"NVML could not set the compute mode of {uuid} to {mode}: "
+                    "Insufficient Permissions",
+                    uuid=uuid,
+                )
+            self._modes[uuid] = mode
+            self.compute_mode_changes.append((uuid, mode))
+        self.update(uuid, compute_mode=mode)
 
     # ----------------------------------------------------- test/demo hooks
     def emit(self, event: GpuEvent) -> None:
@@ -367,6 +398,17 @@ class SimulatedGpus:
             return
         with self._lock:
             old_xids = {g.uuid: g.xids for g in self._spec.gpus}
+            if self._modes:
+                new = new.model_copy(
+                    update={
+                        "gpus": [
+                            g.model_copy(update={"compute_mode": self._modes[g.uuid]})
+                            if g.uuid in self._modes
+                            else g
+                            for g in new.gpus
+                        ]
+                    }
+                )
             self._spec = new
             self._stamp = stamp
         for gpu in new.gpus:
@@ -393,3 +435,4 @@ def _pid_alive(pid: int) -> bool:
 
 
 _: GpuBackend = SimulatedGpus(SimulatedGpusFile())  # mypy: still satisfies the port
+_modes: ComputeModeControl = SimulatedGpus(SimulatedGpusFile())  # and the compute-mode port

@@ -40,8 +40,18 @@ def test_defaults_are_the_chart_contract() -> None:
         },
         "mps": {
             "enabled": False,
+            "supervise": False,
             "pipe_directory": "/tmp/nvidia-mps",
             "container_pipe_directory": "/tmp/nvidia-mps",
+            "log_directory": None,
+            "shm_directory": None,
+            "control_command": ["nvidia-cuda-mps-control"],
+            "set_exclusive_process": True,
+            "health_interval_s": 5.0,
+            "command_timeout_s": 10.0,
+            "start_timeout_s": 15.0,
+            "restart_backoff_s": 1.0,
+            "restart_backoff_max_s": 60.0,
         },
         "placement": {"extender": False, "honour_assignments": True, "node_name": None},
     }
@@ -166,6 +176,11 @@ resources:
             "mps: {pipe_directory: relative/pipe}\n",
             ["absolute path", "relative/pipe"],
             id="mps-relative",
+        ),
+        pytest.param(
+            "mps: {supervise: true}\n",
+            ["mps.supervise needs mps.enabled"],
+            id="mps-supervise-without-enabled",
         ),
     ],
 )

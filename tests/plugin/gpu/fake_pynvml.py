@@ -41,6 +41,7 @@ from typing import Any
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
@@ -63,6 +64,7 @@ MIG_NONE = 0xFFFFFFFF
 _NAMES = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
     NVML_ERROR_NOT_FOUND: "Not Found",
     NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NVML_ERROR_TIMEOUT: "Timeout",
@@ -148,6 +150,8 @@ class FakeGpu:
     """``(corrRows, uncRows, isPending, failureOccurred)``; None: pre-Ampere, not supported."""
     retired_pages_pending: int | None = NVML_FEATURE_DISABLED
     """None: not supported (Ampere and later retire no pages; they remap rows)."""
+    compute_mode: int = 0
+    """``nvmlComputeMode_t``: 0 DEFAULT, 1 EXCLUSIVE_THREAD, 2 PROHIBITED, 3 EXCLUSIVE_PROCESS."""
     device: struct_c_nvmlDevice_t = field(default_factory=struct_c_nvmlDevice_t)
     """What this GPU's handles point at."""
 
@@ -195,6 +199,8 @@ class FakePynvml:
         """UUID → the event set it was registered in."""
         self.event_sets_freed = 0
         self.wait_timeouts_ms: list[int] = []
+        self.compute_mode_changes: list[tuple[str, int]] = []
+        """``(uuid, mode)`` per successful ``nvmlDeviceSetComputeMode``, in order."""
         self._script: queue.Queue[Any] = queue.Queue()
         self._stray: list[struct_c_nvmlDevice_t] = []
         self._lock = threading.Lock()
@@ -420,3 +426,15 @@ class FakePynvml:
         if gpu.retired_pages_pending is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return gpu.retired_pages_pending
+
+    def nvmlDeviceGetComputeMode(self, handle: Handle) -> int:
+        return self._of("nvmlDeviceGetComputeMode", handle).compute_mode
+
+    def nvmlDeviceSetComputeMode(self, handle: Handle, mode: int) -> None:
+        """Root only on a real driver: ``fail`` with ``NVML_ERROR_NO_PERMISSION`` plays a
+        plugin that is not root; ``NVML_ERROR_NOT_SUPPORTED`` a VM that refuses it."""
+        gpu = self._of("nvmlDeviceSetComputeMode", handle)
+        if mode not in (0, 1, 2, 3):
+            raise NVMLError(2)  # NVML_ERROR_INVALID_ARGUMENT
+        gpu.compute_mode = mode
+        self.compute_mode_changes.append((gpu.uuid, mode))

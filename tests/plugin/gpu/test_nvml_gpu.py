@@ -48,3 +48,18 @@ def test_real_event_wait_is_bounded(backend: NvmlBackend) -> None:
     for _ in range(2):  # the first registers, the second waits on what it registered
         event = backend.wait_event(0.2)
         assert event is None or event.uuid
+
+
+def test_real_compute_mode_set_and_restored(backend: NvmlBackend) -> None:
+    """What the supervised MPS daemon does to a GPU (plugin.gpu.mps_supervisor)."""
+    uuid = backend.devices()[0].uuid
+    before = backend.compute_mode(uuid)
+    try:
+        backend.set_compute_mode(uuid, "Exclusive_Process")
+    except GpuBackendError as exc:
+        pytest.skip(f"the compute mode cannot be set here: {exc}")
+    try:
+        assert backend.compute_mode(uuid) == "Exclusive_Process"
+    finally:
+        backend.set_compute_mode(uuid, before)
+    assert backend.compute_mode(uuid) == before
