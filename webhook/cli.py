@@ -167,8 +167,23 @@ def load_webhook_config(args: argparse.Namespace) -> WebhookConfig:
     )
 
 
+def listen_line(host: str, port: int, mutate_url: str) -> str:
+    """The start-up line: where the webhook really listens, and a URL to try.
+
+    A wildcard listen address (the chart's ``0.0.0.0``, or ``::``) is said as
+    such: a pod that logged only its loopback URL sent operators looking for
+    why the Service could not reach a webhook "bound to 127.0.0.1"."""
+    if host in ("", "0.0.0.0"):
+        where = f"every IPv4 address (0.0.0.0:{port})"
+    elif host == "::":
+        where = f"every address ([::]:{port}, IPv6 and, where the kernel maps them, IPv4)"
+    else:
+        return f"metagpu webhook: serving {mutate_url}"
+    return f"metagpu webhook: listening on {where}; from this host: serving {mutate_url}"
+
+
 def _announce(hook: RunningWebhook) -> None:
-    print(f"metagpu webhook: serving {hook.mutate_url}", flush=True)
+    print(listen_line(hook.host, hook.port, hook.mutate_url), flush=True)
     if hook.ca_file is not None:
         print(f"metagpu webhook: generated CA (trust it to connect): {hook.ca_file}", flush=True)
         example = EXAMPLE_REVIEW if EXAMPLE_REVIEW.exists() else Path("REVIEW.json")

@@ -95,6 +95,15 @@ imagePullSecrets:
 {{- end }}
 securityContext:
   {{- include "metagpu.restrictedPodSecurityContext" $root | nindent 2 }}
+{{- with $root.Values.certs.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.certs.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- include "metagpu.clusterPodTolerations" (dict "root" $root "own" $root.Values.certs.tolerations) }}
 containers:
   - name: bootstrap
     image: {{ include "metagpu.image" $root }}

@@ -15,7 +15,7 @@ import yaml
 
 from metagpu.cli import build_parser, main
 from tests.conftest import REPO_ROOT
-from webhook.cli import COMMANDS, curl_command, load_webhook_config
+from webhook.cli import COMMANDS, curl_command, listen_line, load_webhook_config
 
 POD = """
 apiVersion: v1
@@ -287,3 +287,18 @@ def test_every_connection_setting_has_a_flag_that_beats_env(
     timeouts = {k: v for k, v in loaded.model_dump().items() if k.endswith("_s")}
     assert timeouts == dict.fromkeys(timeouts, 4.5)
     assert len(CONNECTION_FLAGS) == len(ConnectionsConfig.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        pytest.param("0.0.0.0", "listening on every IPv4 address (0.0.0.0:8443)", id="chart"),
+        pytest.param("::", "listening on every address ([::]:8443", id="ipv6 wildcard"),
+        pytest.param("127.0.0.1", "serving https://127.0.0.1:8443/mutate", id="loopback"),
+    ],
+)
+def test_the_start_up_line_names_the_real_listen_address(host: str, expected: str) -> None:
+    """Issue 32: a pod listening on every address logged only its loopback URL."""
+    line = listen_line(host, 8443, "https://127.0.0.1:8443/mutate")
+    assert expected in line
+    assert line.endswith("serving https://127.0.0.1:8443/mutate")  # what tools parse

@@ -311,7 +311,11 @@ async def test_no_gpus_means_idle_not_exit(short_tmp_path: Path) -> None:
     ],
 )
 async def test_driver_failure_honours_fail_on_init_error(
-    short_tmp_path: Path, fail_on_init_error: bool, exit_code: int | None, state: str
+    short_tmp_path: Path,
+    fail_on_init_error: bool,
+    exit_code: int | None,
+    state: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     def broken(config: PluginConfig) -> GpuBackend:
         raise GpuBackendError("cannot initialise NVML (Driver Not Loaded)")
@@ -327,6 +331,9 @@ async def test_driver_failure_honours_fail_on_init_error(
         else:
             assert not plugin.task.done()
         assert kubelet.registrations == []
+    # Issue 32: the message names the chart value an operator sets, beside the key.
+    said = "fail_on_init_error (chart value plugin.failOnInitError) is "
+    assert said + str(fail_on_init_error).lower() in caplog.text
 
 
 async def test_stop_removes_the_socket_and_exits_zero(short_tmp_path: Path) -> None:
