@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from plugin.api.config import PluginConfig
 from tests.conftest import REPO_ROOT
@@ -324,3 +326,88 @@ def agent_setup(directory: Path) -> NodeAgent:
     )
     (socket_mount,) = [m.target for m in spec.mounts if m.source == socket_dir]
     return NodeAgent(spec, socket_dir, socket_mount)
+
+
+# ------------------------------------------------- simulated GPUs (plugin.simulatedGpus)
+@dataclasses.dataclass
+class SimulatedNode:
+    """The chart's device plugin and agent in simulated-GPU mode, as kind runs them
+    (``examples/kind-values.yaml``): the GPUs come from the chart's ConfigMap, not
+    from the test, and the two share the kubelet's device-plugins directory."""
+
+    plugin: RunSpec
+    agent: RunSpec
+    resource: str
+    units_per_gpu: int
+    gpu_count: int
+    kubelet_dir: Path
+    metrics_port: int
+    socket_dir: Path
+
+
+def simulated_node_setup(directory: Path) -> SimulatedNode:
+    values = yaml.safe_load((REPO_ROOT / "examples" / "kind-values.yaml").read_text())
+    values["agent"] = {"metricsPort": free_port()}
+    objects = render(values)
+    config = load_rendered_config(objects, "metagpu-plugin-config", "plugin.yaml", PluginConfig)
+    gpus_doc = yaml.safe_load(
+        one(objects, "ConfigMap", "metagpu-plugin-config")["data"]["simulated-gpus.yaml"]
+    )
+    kubelet_dir = directory / "dp"  # one host directory: the plugin's socket and board
+    kubelet_dir.mkdir()
+    pod_resources = directory / "pr"
+    pod_resources.mkdir()
+    api_token = directory / "token"
+    api_token.mkdir()
+    socket_dir = directory / "sock"
+    socket_dir.mkdir()
+    plugin_pod = pod_spec(objects, "DaemonSet", "plugin")
+    agent_pod = pod_spec(objects, "DaemonSet", "agent")
+    plugin = spec_from_chart(
+        plugin_pod,
+        "device-plugin",
+        {
+            **kubelet_volumes(plugin_pod, objects, directory / "plugin-volumes"),
+            "device-plugins": kubelet_dir,
+            "pod-resources": pod_resources,
+            "api-token": api_token,
+        },
+    )
+    agent = spec_from_chart(
+        agent_pod,
+        "agent",
+        {
+            **kubelet_volumes(agent_pod, objects, directory / "agent-volumes"),
+            "agent-socket-dir": socket_dir,
+            "pod-resources": pod_resources,
+            "device-plugins": kubelet_dir,
+        },
+    )
+    return SimulatedNode(
+        plugin=plugin,
+        agent=agent,
+        resource=config.resources[0].name,
+        units_per_gpu=config.units_per_gpu,
+        gpu_count=len(gpus_doc["gpus"]),
+        kubelet_dir=kubelet_dir,
+        metrics_port=values["agent"]["metricsPort"],
+        socket_dir=socket_dir,
+    )
+
+
+async def agent_metric(port: int, name: str) -> dict[str, float]:
+    """``name``'s samples on the agent's /metrics, by ``gpu_uuid`` (empty when unreachable)."""
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/metrics") as resp,
+        ):
+            text = await resp.text()
+    except aiohttp.ClientError:
+        return {}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                found[sample.labels.get("gpu_uuid", "")] = sample.value
+    return found

@@ -18,18 +18,21 @@ import pytest
 
 from metagpu.kubelet_sim import KubeletSim
 from plugin.api.resources import ENV_UNITS
+from plugin.gpu.health_file import HEALTH_FILE_NAME, read_board
 from tests.conftest import REPO_ROOT, load_admission_fixture
 from tests.harness.kube_api import FakeKubeApi
 from tests.image.containers import Mount, Runner
 from tests.image.pods import (
     START_TIMEOUT_S,
     VENV,
+    agent_metric,
     agent_setup,
     console_scripts,
     device_plugin_setup,
     healthy,
     post_review,
     run_ok,
+    simulated_node_setup,
     started,
     wait_for,
     webhook_setup,
@@ -104,6 +107,52 @@ async def test_device_plugin_registers_with_the_kubelet_and_answers_allocate(
             raise
         finally:
             await asyncio.to_thread(container.stop)
+
+
+# ------------------------------------------- simulated GPUs: the kind install (issue 32)
+async def test_simulated_gpus_as_the_kind_install_runs_them(
+    runner: Runner, short_tmp_path: Path
+) -> None:
+    """``examples/kind-values.yaml``: the plugin and the agent get their GPUs from the
+    chart's ConfigMap (no --gpus-file, no extra mount from the test), the plugin
+    registers them with the kubelet and allocates, and the agent, sharing the
+    kubelet's directory as on a node, reports the same GPUs."""
+    node = simulated_node_setup(short_tmp_path)
+    assert not any("--gpus-file" in a for a in (*node.plugin.args, *node.agent.args))
+    async with KubeletSim(node.kubelet_dir) as kubelet:
+        plugin = await asyncio.to_thread(runner.start, node.plugin)
+        agent = None
+        try:
+            conn = await kubelet.wait_registered(node.resource, timeout_s=START_TIMEOUT_S)
+            assert len(conn.healthy_ids()) == node.gpu_count * node.units_per_gpu
+            ids, response = await kubelet.allocate(node.resource, 50)
+            assert len(ids) == 50
+            assert response.envs[ENV_UNITS] == "50"
+            board = read_board(node.kubelet_dir / HEALTH_FILE_NAME)
+            assert board is not None
+            assert board.stamp is not None  # who wrote it, for the agent to check
+            assert len(board.gpus) == node.gpu_count
+            agent = await asyncio.to_thread(runner.start, node.agent)
+
+            async def gpus_reported() -> bool:
+                healthy = await agent_metric(node.metrics_port, "metagpu_gpu_healthy")
+                return sorted(healthy.values()) == [1.0] * node.gpu_count
+
+            await wait_for("the agent reports the simulated GPUs", gpus_reported, agent)
+            await wait_for("mgctl installed", (node.socket_dir / "mgctl").is_file, agent)
+            assert plugin.alive()
+            assert agent.alive()
+        except BaseException:
+            print(f"--- device plugin logs ({runner.isolation}) ---\n{plugin.logs()}")
+            if agent is not None:
+                print(f"--- agent logs ({runner.isolation}) ---\n{agent.logs()}")
+            raise
+        finally:
+            if agent is not None:
+                await asyncio.to_thread(agent.stop)
+            await asyncio.to_thread(plugin.stop)
+    # The plugin removed its board when it stopped: nothing left on the "host".
+    assert not (node.kubelet_dir / HEALTH_FILE_NAME).exists()
 
 
 # ---------------------------------------------------------------- mgctl, CLIs

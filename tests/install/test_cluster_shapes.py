@@ -11,15 +11,22 @@ serves made-up GPUs to the plugin and the agent, for kind
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 import kubernetes_validate
 import pytest
 import yaml
 
+from plugin.agent.labels import OWNED_LABELS
 from plugin.api.chart_values import CHART_VALUES, HOST_PATH_VALUES
 from plugin.api.config import PluginConfig
+from plugin.api.resources import MGCTL_FILE_NAME
+from plugin.api.scheduling import ANNOTATION_GPU_LEDGER
+from plugin.gpu.health_file import HEALTH_FILE_NAME
 from plugin.gpu.simulated import SimulatedGpusFile
 from tests.install.chart import (
     CHART_DIR,
@@ -292,3 +299,70 @@ def test_values_documented_for_single_node_clusters_exist() -> None:
         "certs.affinity",
         "plugin.simulatedGpus.enabled",
     } <= paths
+
+
+# ------------------------------------------------------------- uninstall (item 3)
+def test_the_uninstall_table_names_every_leftover() -> None:
+    """What a release leaves behind, taken from the code and the chart, is in the
+    Uninstall table with a way to remove it."""
+    guide = (REPO_ROOT / "docs" / "install.md").read_text()
+    section = guide.split("\n## Uninstall\n", 1)[1].split("\n## ", 1)[0]
+    leases = {
+        name
+        for obj in render({})
+        if obj["kind"] == "Role"
+        for rule in obj.get("rules", [])
+        if "leases" in rule.get("resources", [])
+        for name in rule.get("resourceNames", [])
+    }
+    assert leases == {"metagpu-quota-mirror", "metagpu-scheduler"}
+    short_labels = [label.split("/", 1)[1] for label in OWNED_LABELS]
+    wanted = [
+        *(f"Lease `{lease}`" for lease in sorted(leases)),
+        *(f"delete lease {lease}" for lease in sorted(leases)),
+        f"`{ANNOTATION_GPU_LEDGER}`",
+        f"{ANNOTATION_GPU_LEDGER}-",
+        *short_labels,
+        f"/var/run/metagpu/{MGCTL_FILE_NAME}",
+        HEALTH_FILE_NAME,
+    ]
+    missing = [w for w in wanted if w not in section]
+    assert not missing, missing
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    assert all(line.count("|") == 5 for line in rows), "every row says where, why and how"
+
+
+def test_the_readme_kind_pod_gets_half_a_gpu_from_the_kind_install(tmp_path: Path) -> None:
+    """README "Try it on kind": its pod, through the webhook config the kind values
+    render, asks the metagpu-scheduler for 50 units and no nvidia RuntimeClass."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Try it on kind", 1)[1].split("\n## ", 1)[0]
+    assert "-f examples/kind-values.yaml" in section
+    pod = section.split("<<'YAML'\n", 1)[1].split("\nYAML\n", 1)[0]
+    (tmp_path / "pod.yaml").write_text(pod)
+    objects = render(yaml.safe_load(KIND_VALUES.read_text()))
+    webhook_config = one(objects, "ConfigMap", "metagpu-webhook-config")["data"]["webhook.yaml"]
+    (tmp_path / "webhook.yaml").write_text(webhook_config)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "metagpu.cli",
+            "mutate",
+            "--config",
+            str(tmp_path / "webhook.yaml"),
+            "-f",
+            str(tmp_path / "pod.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = [d for d in yaml.safe_load_all(done.stdout) if d]
+    (mutated,) = out
+    assert mutated["spec"]["schedulerName"] == "metagpu-scheduler"
+    assert mutated["spec"]["containers"][0]["resources"]["limits"] == {"cnvrg.io/metagpu": "50"}
+    assert "runtimeClassName" not in mutated["spec"]
