@@ -336,6 +336,15 @@ class WebhookConfig(StrictModel):
     under the nvidia runtime class, so a CUDA base image (``NVIDIA_VISIBLE_DEVICES=all``)
     does not expose every GPU to a sidecar."""
 
+    mps_host_directories: list[str] = Field(
+        default_factory=lambda: ["/tmp/nvidia-mps", "/var/run/metagpu-mps"]
+    )
+    """Host directories that hold an MPS control daemon's pipes (the device plugin's
+    ``mps.pipe_directory``: CUDA's default and the chart's). A pod that uses metagpu
+    and mounts one of them, or a directory above one, from the host is denied: with
+    the control socket a root container could change every client's MPS limits or
+    stop the daemon. Empty: no check."""
+
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
 
     quota_mirror: QuotaMirrorConfig = Field(default_factory=QuotaMirrorConfig)

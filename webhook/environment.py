@@ -117,7 +117,7 @@ def check_gpu_container(
     why = f"it requests {resource} and metagpu chooses the GPU it sees"
     for var in VISIBLE_DEVICE_VARS:
         for i, item in edit.get(var):
-            _refuse_or_strip(
+            refuse_or_strip(
                 edit,
                 index=i,
                 var=var,
@@ -142,7 +142,7 @@ def check_no_gpu_container(
     stripped = False
     for i, item in edit.get(ENV_NVIDIA_VISIBLE_DEVICES):
         if not hides_gpus(item):
-            stripped |= _refuse_or_strip(
+            stripped |= refuse_or_strip(
                 edit,
                 index=i,
                 var=ENV_NVIDIA_VISIBLE_DEVICES,
@@ -219,7 +219,7 @@ def add_policy_env(
         )
 
 
-def _refuse_or_strip(
+def refuse_or_strip(
     edit: EnvEdit,
     *,
     index: int,
@@ -230,7 +230,10 @@ def _refuse_or_strip(
     findings: Findings,
     may_strip: bool,
 ) -> bool:
-    """Strip the variable (True) or record a denial (False), per ``visible_devices_policy``."""
+    """Strip the variable (True) or record a denial (False), per ``visible_devices_policy``.
+
+    Shared by every env rule that removes a variable the pod may not set (GPU
+    choice here, MPS limits in :mod:`webhook.mps`): one setting, one behaviour."""
     c = edit.container
     if settings.visible_devices_policy == "strip" and may_strip:
         edit.remove.append(index)

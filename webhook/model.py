@@ -140,6 +140,8 @@ class RuleSettings:
     visible_devices_policy: VisibleDevicesPolicy
     deny_privileged: bool
     void_non_gpu_containers: bool
+    mps_host_directories: tuple[str, ...] = ()
+    """Host directories of the MPS daemon's pipes; GPU pods may not mount them."""
 
     @classmethod
     def from_config(cls, config: WebhookConfig) -> RuleSettings:
@@ -166,6 +168,7 @@ class RuleSettings:
             visible_devices_policy=config.visible_devices_policy,
             deny_privileged=config.deny_privileged,
             void_non_gpu_containers=config.void_non_gpu_containers,
+            mps_host_directories=tuple(config.mps_host_directories),
         )
 
 

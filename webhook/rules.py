@@ -78,6 +78,7 @@ from webhook.model import (
     escape_pointer,
     opted_out,
 )
+from webhook.mps import check_mps_env, check_mps_volumes
 
 __all__ = [
     "NO_NAMESPACE_FACTS",
@@ -123,16 +124,24 @@ def mutate_pod(
         # No mutation and no conversion: the pod is not ours. But a label any pod
         # author can set must not switch off the checks that keep one pod away
         # from another pod's GPU, so those still deny.
+        opted_out_gpu = False
         for c in pod_containers:
             plan = plan_gpu(c, settings=settings, findings=Findings())
             if plan.units:
+                opted_out_gpu = True
+                edit = EnvEdit.of(c)
                 check_gpu_container(
-                    EnvEdit.of(c),
+                    edit,
                     resource=plan.resource,
                     settings=settings,
                     findings=findings,
                     may_strip=False,
                 )
+                check_mps_env(
+                    edit, policy=None, settings=settings, findings=findings, may_strip=False
+                )
+        if opted_out_gpu:
+            check_mps_volumes(spec, settings=settings, findings=findings)
         return _decide(findings, [], namespace=namespace)
 
     plans = [plan_gpu(c, settings=settings, findings=findings, meta=meta) for c in pod_containers]
@@ -156,6 +165,7 @@ def mutate_pod(
             runtime_class = settings.runtime_class_name
             ops.append(add_op("/spec/runtimeClassName", runtime_class))
         ops.extend(_scheduler_ops(spec, settings, findings))
+        check_mps_volumes(spec, settings=settings, findings=findings)
         pod_annotations = annotations_of(meta)
         policy = _resolve_policy(pod_annotations, namespace, settings, findings)
         if policy is not None and pod_annotations.get(ANNOTATION_COMPUTE_POLICY) is None:
@@ -170,6 +180,7 @@ def mutate_pod(
             check_gpu_container(
                 edit, resource=plan.resource, settings=settings, findings=findings, may_strip=True
             )
+            check_mps_env(edit, policy=policy, settings=settings, findings=findings, may_strip=True)
             if policy is not None:
                 add_policy_env(
                     edit, units=plan.units, policy=policy, settings=settings, findings=findings

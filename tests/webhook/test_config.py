@@ -57,6 +57,7 @@ def test_defaults_are_the_documented_contract() -> None:
         "visible_devices_policy": "deny",
         "deny_privileged": True,
         "void_non_gpu_containers": True,
+        "mps_host_directories": ["/tmp/nvidia-mps", "/var/run/metagpu-mps"],
         "kubernetes": {
             "enabled": "auto",
             "kubeconfig": None,
