@@ -21,6 +21,13 @@ fixed order (``UnsortedList``), so a container that takes only part of them
 cannot be predicted; such a pod is refused with that reason rather than placed
 on a guess. Topology Manager alignment is not modelled (see the docstring of
 :mod:`plugin.placement.units` and KUBELET-FACTS section 1).
+
+The replay is the policy's choice container by container. When it refuses a
+later container, an earlier container's choice may be what made it fail (an
+init container's share on a GPU where the next container's whole share does
+not fit); :mod:`plugin.placement.plan_search` then looks for any plan the
+kubelet would honour, in the policy's order, and the pod is refused only when
+there is none (with the replay's reason).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from plugin.api.config import AllocationPolicy
+from plugin.placement.plan_search import search_plan
 from plugin.placement.refusals import (
     HELD,
     NO_SINGLE_GPU,
@@ -119,10 +127,61 @@ def place_pod(
     units_per_gpu: int,
     policy: AllocationPolicy,
 ) -> PodPlacement:
-    """Replay the kubelet's allocation of ``containers`` (in pod order) on ``gpus``.
+    """The kubelet's allocation of ``containers`` (in pod order) on ``gpus``: the
+    policy's replay, or, when that refuses a container after the first one asking,
+    the first plan :func:`~plugin.placement.plan_search.search_plan` finds.
 
     Unhealthy GPUs offer nothing. Deterministic: same inputs, same answer.
     """
+    replayed = _replay(containers, gpus, units_per_gpu=units_per_gpu, policy=policy)
+    if not may_search(replayed.refusal_key, containers):
+        return replayed
+    found = search_plan(
+        [(c.kind, c.units) for c in containers],
+        [g.free if g.healthy else 0 for g in gpus],
+        [g.numa for g in gpus],
+        units_per_gpu=units_per_gpu,
+        policy=policy,
+    )
+    if found is None:
+        return replayed
+    plan, taken = found
+    placed = tuple(
+        ContainerPlacement(
+            c.name,
+            c.kind,
+            c.units,
+            {gpus[pos].id: n for pos, n in enumerate(mine) if n},
+            split=False,
+        )
+        for c, mine in zip(containers, plan, strict=True)
+        if c.units > 0
+    )
+    return PodPlacement(placed, _by_id(taken, gpus))
+
+
+def may_search(key: RefusalKey | None, containers: Sequence[ContainerRequest]) -> bool:
+    """Whether another plan could place a pod the replay refused with ``key``.
+
+    Not when it fits, nor when the first container asking is refused (nothing
+    before it to choose differently; place_units is exact for one container with
+    nothing held), nor when the node is short of units (every plan takes the same
+    units in all: what each container reuses depends on sizes, not GPUs).
+    """
+    if key is None or key[0] == SHORT:
+        return False
+    first = next((i for i, c in enumerate(containers) if c.units > 0), len(containers))
+    return key[1] > first
+
+
+def _replay(
+    containers: Sequence[ContainerRequest],
+    gpus: Sequence[GpuState],
+    *,
+    units_per_gpu: int,
+    policy: AllocationPolicy,
+) -> PodPlacement:
+    """The policy's placement, container by container, never reconsidered."""
     free = [g.free if g.healthy else 0 for g in gpus]
     numa = [g.numa for g in gpus]
     reusable = [0] * len(gpus)

@@ -70,7 +70,7 @@ def place_units(
     wanted = size // units_per_gpu
     if wanted and need > 0:
         whole = [pos for pos in range(ngpus) if free[pos] + held[pos] == units_per_gpu]
-        for pos in _order_whole(whole, wanted, numa=numa, touched=touched, policy=policy):
+        for pos in order_whole(whole, wanted, numa=numa, touched=touched, policy=policy):
             if wanted == 0:
                 break
             if free[pos] > need:
@@ -102,7 +102,7 @@ def place_units(
     return take
 
 
-def _order_whole(
+def order_whole(
     whole: list[int],
     wanted: int,
     *,

@@ -16,11 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugin.extender.bulk import BulkDecisions, distinct_rows
+from plugin.extender.bulk import BulkDecisions
+from plugin.extender.decision import filter_nodes
 from plugin.extender.ledger import NO_LEDGER
 from plugin.extender.matrix import MAX_NUMA_COLUMNS, NodeMatrix
 from plugin.extender.protocol import parse_args
 from plugin.extender.service import ExtenderCore
+from plugin.placement.fleet import distinct_rows
 from tests.extender.builders import RESOURCE, ledger, pod
 
 NAMES = [f"n{i}" for i in range(6)]
@@ -165,18 +167,22 @@ def test_a_pod_whose_init_container_is_reused_is_decided_in_bulk_too() -> None:
     core = ExtenderCore(resource=RESOURCE)
     core.ledger.set_node("a", ledger([20, 0], node="a").model_dump_json())
     core.ledger.set_node("b", ledger([65, 0], node="b").model_dump_json())
+    core.ledger.set_node("c", ledger([65, 30], node="c").model_dump_json())
     assert core.bulk is not None
     the_pod = pod(80, init=[30], name="train")
     ask = core.ask_of(the_pod)
     # a: the init container's 30 land on GPU 0 (80 free), the app's other 50 fit there too;
-    # b: on GPU 0 (35 free) there is no room for 50 more
-    outcome = core.bulk.filter(ask, ["a", "b"])
+    # b: binpack would put the 30 on GPU 0 (35 free), with no room for 50 more there: the
+    #    whole-pod plan puts them on GPU 1, where the app's 80 fit;
+    # c: no GPU holds 80, wherever the 30 go
+    outcome = core.bulk.filter(ask, ["a", "b", "c"])
     assert outcome is not None
-    assert outcome.passed == ("a",)
+    assert outcome.passed == ("a", "b")
     assert outcome.failed == {
-        "b": 'container "c0": the GPU holding its 30 reused units has no room for 50 more '
-        "(largest free 100; 105 free in total)"
+        "c": 'container "c0": the GPU holding its 30 reused units has no room for 50 more '
+        "(largest free 70; 75 free in total)"
     }
+    assert outcome == filter_nodes(ask, ["a", "b", "c"], core.ledger, core.memo)
 
 
 def test_too_many_numa_nodes_go_node_by_node() -> None:

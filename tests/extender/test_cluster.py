@@ -122,15 +122,24 @@ async def test_captured_prioritize_request(extender: Extender) -> None:
 async def test_captured_init_container_filter(extender: Extender) -> None:
     status, result = await extender.post("filter", load_fixture("filter-init-containers.json"))
     assert status == 200
-    # The kubelet's reuse trap, replayed: the plugin puts warm (30) on node-b's tightest GPU
-    # (40 free), proxy (20) reuses those, and main (50) must reuse all 30 there and needs 20
-    # more that the GPU does not have: main's share would be split, so node-b fails too.
-    assert result["NodeNames"] == []
-    assert result["FailedNodes"]["node-b"] == (
-        'container "main": the GPU holding its 30 reused units has no room for 20 more '
-        "(largest free 100; 110 free in total)"
+    # The kubelet's reuse trap (issue 27): binpack alone would put warm (30) on node-b's
+    # tightest GPU (40 free); proxy (20) and main (50) reuse those 30, and main would need
+    # 40 more there. The whole-pod plan puts warm on the empty GPU instead, where proxy and
+    # main (70 in all, 30 of them reused) fit, so node-b passes.
+    assert result["NodeNames"] == ["node-b"]
+    assert list(result["FailedNodes"]) == ["node-a"]
+    uid = load_fixture("filter-init-containers.json")["Pod"]["metadata"]["uid"]
+    ask = extender.core.remembered_ask(uid)
+    assert ask is not None
+    decision = extender.core.decide_bind(
+        ask, node="node-b", pod_uid=uid, namespace="sched", pod="p", now=0.0
     )
-    assert "node-a" in result["FailedNodes"]
+    assert not isinstance(decision, str)
+    assert [c.gpus for c in decision.assignment.containers] == [
+        {"GPU-node-b-1": 30},
+        {"GPU-node-b-1": 20},
+        {"GPU-node-b-1": 50},
+    ]
 
 
 async def test_captured_bind_creates_the_binding_with_the_assignment(

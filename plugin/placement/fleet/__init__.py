@@ -15,7 +15,7 @@ init containers, each reusing what the ones before hold, then one more
 container, after sidecars' shares or not.
 
 Exactly place_pod's answer, not an approximation: the same order of whole
-GPUs (NUMA groups as :func:`~plugin.placement.units._order_whole` ranks them),
+GPUs (NUMA groups as :func:`~plugin.placement.units.order_whole` ranks them),
 the same GPU for a remainder (held GPUs first, then the NUMA nodes already
 used, then the tightest or freest, then the lowest index), the same split when
 no GPU can hold it, the same refusals in the same words (the text functions of
@@ -33,6 +33,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+import numpy as np
+
 from plugin.api.config import AllocationPolicy
 from plugin.placement.fleet.arrays import (
     NO_NUMA,
@@ -40,9 +42,12 @@ from plugin.placement.fleet.arrays import (
     Fleet,
     FleetPlacement,
     Ints,
+    distinct_rows,
     fleet_of,
     gpu_row,
     numa_key,
+    row_count,
+    row_max,
 )
 from plugin.placement.fleet.closed_forms import (
     one_container,
@@ -51,6 +56,7 @@ from plugin.placement.fleet.closed_forms import (
 )
 from plugin.placement.fleet.replay import replay_pod, row_by_row
 from plugin.placement.pod import ContainerRequest
+from plugin.placement.refusals import FITS, SHORT
 
 __all__ = [
     "NODE_BY_NODE_BELOW",
@@ -59,6 +65,7 @@ __all__ = [
     "Fleet",
     "FleetPlacement",
     "Ints",
+    "distinct_rows",
     "fleet_of",
     "gpu_row",
     "numa_key",
@@ -83,13 +90,25 @@ def place_pod_on_fleet(
     itself for a few rows; a closed form for one container asking, for shares
     before one last container with nothing reused, and for init containers (each
     reusing what the ones before hold) before one last container, after shares or
-    not; else the replay over arrays.
+    not; else the replay over arrays. Rows where that replay refuses a later
+    container and another plan might exist get place_pod's whole-pod search
+    (:func:`searched`).
     """
     if fleet.free.shape[0] < node_by_node_below:
         return row_by_row(fleet, containers, policy)
     asking = [index for index, c in enumerate(containers) if c.units > 0]
     if len(asking) == 1:
         return one_container(fleet, asking[0], containers[asking[0]].units, policy)
+    return searched(fleet, containers, policy, _replayed(fleet, containers, asking, policy))
+
+
+def _replayed(
+    fleet: Fleet,
+    containers: Sequence[ContainerRequest],
+    asking: list[int],
+    policy: AllocationPolicy,
+) -> FleetPlacement:
+    """The policy's replay container by container, by the cheapest way that applies."""
     if (
         len(asking) > 1
         and all(containers[i].kind != "init" for i in asking[:-1])
@@ -104,3 +123,72 @@ def place_pod_on_fleet(
         if chained is not None:
             return chained
     return replay_pod(fleet, containers, policy)
+
+
+def searched(
+    fleet: Fleet,
+    containers: Sequence[ContainerRequest],
+    policy: AllocationPolicy,
+    placed: FleetPlacement,
+) -> FleetPlacement:
+    """``placed`` (the replay's answer) with place_pod's answer on the rows where the
+    replay refused a container after the first one asking and another plan may exist
+    (:func:`plugin.placement.pod.may_search`, as arrays).
+
+    Those rows are few on most clusters, and repeat: each distinct row (free units,
+    NUMA columns, units per GPU, GPU health) is decided once, by place_pod itself.
+    A cheap necessary condition leaves out rows no plan can fit: every container's
+    remainder needs a GPU with that many units free, and its whole GPUs completely
+    free GPUs.
+    """
+    asking = [index for index, c in enumerate(containers) if c.units > 0]
+    if len(asking) < 2:
+        return placed
+    rows = np.flatnonzero(
+        (placed.outcome != FITS) & (placed.outcome != SHORT) & (placed.container > asking[0])
+    )
+    if rows.size:
+        upg = fleet.units_per_gpu[rows]
+        free = fleet.free[rows]
+        largest = row_max(free)
+        complete = row_count(free == upg[:, None])
+        possible = np.ones(rows.size, dtype=np.bool_)
+        for index in asking:
+            whole, remainder = np.divmod(containers[index].units, upg)
+            possible &= (complete >= whole) & (largest >= remainder)
+        rows = rows[possible]
+    if not rows.size:
+        return placed
+    width = fleet.free.shape[1]
+    keys = np.column_stack(
+        (
+            fleet.free[rows],
+            fleet.numa[rows],
+            fleet.units_per_gpu[rows],
+            fleet.unhealthy[rows],
+            fleet.healthy[rows],
+        )
+    )
+    distinct, inverse = distinct_rows(keys)
+    part = Fleet(
+        free=distinct[:, :width],
+        numa=distinct[:, width : 2 * width],
+        units_per_gpu=distinct[:, 2 * width],
+        unhealthy=distinct[:, 2 * width + 1],
+        healthy=distinct[:, 2 * width + 2],
+        numa_columns=fleet.numa_columns,
+    )
+    fresh = row_by_row(part, containers, policy)
+    placed.patch(
+        rows,
+        FleetPlacement(
+            fresh.outcome[inverse],
+            fresh.container[inverse],
+            fresh.numbers[inverse],
+            fresh.gpus_used[inverse],
+            fresh.left_on_used[inverse],
+            fresh.units_taken[inverse],
+            None if fresh.taken is None else fresh.taken[inverse],
+        ),
+    )
+    return placed

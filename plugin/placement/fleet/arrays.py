@@ -258,3 +258,21 @@ def fleet_of(nodes: Sequence[tuple[int, Sequence[GpuState]]]) -> Fleet:
         healthy=healthy,
         numa_columns=len(keys),
     )
+
+
+def distinct_rows(keys: Ints) -> tuple[Ints, Ints]:
+    """The distinct rows of ``keys`` and, per row, which of them it is.
+
+    ``np.unique(axis=0)`` compares rows as opaque bytes and took 1.7 ms for 500
+    refusals; sorting the int columns with ``lexsort`` takes a fraction of that.
+    """
+    if not keys.shape[0]:
+        return keys, np.zeros(0, dtype=np.int64)
+    order = np.lexsort(keys.T[::-1])
+    ordered = keys[order]
+    starts = np.ones(len(order), dtype=np.bool_)
+    starts[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    inverse = np.empty(len(order), dtype=np.int64)
+    inverse[order] = np.cumsum(starts) - 1
+    distinct: Ints = ordered[starts]
+    return distinct, inverse

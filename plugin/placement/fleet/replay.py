@@ -215,7 +215,7 @@ def _place_units(
         used = per_numa(cell[touched], rows, numa_columns) > 0
     wanted = np.where(need > 0, size // upg, 0)
 
-    # 1. Whole GPUs from completely free GPUs, in _order_whole's order.
+    # 1. Whole GPUs from completely free GPUs, in order_whole's order.
     if wanted.any():
         if used is None:
             used = np.zeros((rows, numa_columns), dtype=np.bool_)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pytest
 from metagpu.kubelet_sim import KubeletSim, KubeletSimError
 from plugin.deviceplugin.assignments import AssignmentBook
 from plugin.placement.pod import ContainerRequest, GpuState, PodPlacement, place_pod
+from plugin.placement.refusals import ContainerKind
 from plugin.placement.units import is_fraction_split
 from tests.plugin.builders import uuid_for
 from tests.plugin.conftest import kubelet_and_plugin
@@ -60,7 +62,14 @@ def counts(ids: list[str] | set[str]) -> dict[str, int]:
 
 
 async def bind_and_admit(
-    kubelet: KubeletSim, book: AssignmentBook, *, seed: int, shuffle: bool, target: int = 40
+    kubelet: KubeletSim,
+    book: AssignmentBook,
+    *,
+    seed: int,
+    shuffle: bool,
+    target: int = 40,
+    gpus: Sequence[str] = GPUS,
+    make_pod: Callable[[random.Random, int], list[ContainerRequest]] = random_pod,
 ) -> tuple[int, list[str]]:
     """Bind ``target`` random pods in rounds and let the kubelet admit each round.
 
@@ -87,12 +96,12 @@ async def bind_and_admit(
         round_pods: list[Bound] = []
         misses = 0
         while misses < 3 and bound < target:
-            containers = random_pod(rng, n)
+            containers = make_pod(rng, n)
             n += 1
             held = counts(conn.allocated)
             placement = place_pod(
                 containers,
-                [GpuState(g, U - held.get(g, 0) - booked[g]) for g in GPUS],
+                [GpuState(g, U - held.get(g, 0) - booked[g]) for g in gpus],
                 units_per_gpu=U,
                 policy="binpack",
             )
@@ -167,6 +176,93 @@ async def test_shuffled_order_never_splits_nor_overcommits(short_tmp_path: Path,
     # Same-sized pending containers are interchangeable: a pod may get another's
     # GPU, never a split; the extender booked every unit, so every pod fits.
     assert (bound, refused) == (40, [])
+
+
+def random_multi_container_pod(rng: random.Random, n: int) -> list[ContainerRequest]:
+    """Pods whose containers' GPUs depend on each other (issue 27): init containers reused
+    by the next, sidecars keeping theirs, app containers, shares and whole GPUs."""
+
+    def units() -> int:
+        roll = rng.random()
+        if roll < 0.1:
+            return 100
+        if roll < 0.15:
+            return 150
+        return rng.randint(5, 70)
+
+    containers: list[ContainerRequest] = []
+    for i in range(rng.choice([0, 1, 1, 2])):
+        kind: ContainerKind = "sidecar" if rng.random() < 0.3 else "init"
+        containers.append(ContainerRequest(f"{kind}-{i}", kind, units()))
+    for c in range(1 if rng.random() < 0.7 else 2):
+        containers.append(ContainerRequest(f"main-{c}", "app", units()))
+    return containers
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+async def test_whole_pod_plans_are_honoured_container_by_container(
+    short_tmp_path: Path, seed: int
+) -> None:
+    """Plans that move an earlier container's share for a later one's sake (the whole-pod
+    search), bound on four GPUs and admitted in bind order: every container gets exactly
+    its assignment, init containers included, and no fraction is split."""
+    gpus = [uuid_for(i) for i in range(4)]
+    async with kubelet_and_plugin(short_tmp_path, gpu_count=4) as (kubelet, plugin):
+        await kubelet.wait_registered(R)
+        bound, refused = await bind_and_admit(
+            kubelet,
+            plugin.supervisor.book,
+            seed=seed,
+            shuffle=False,
+            gpus=gpus,
+            make_pod=random_multi_container_pod,
+        )
+    assert (bound, refused) == (40, [])
+
+
+async def test_the_issues_init_reuse_pod_runs_with_the_app_on_one_gpu(
+    short_tmp_path: Path,
+) -> None:
+    """Issue 27, as seen on a real cluster: GPU 0 at 60 units used, GPU 1 empty; an init
+    container of 30 then an app container of 50. Placed, bound, and admitted by the
+    kubelet over real gRPC: both on GPU 1, the app's 50 holding the init's 30."""
+    async with kubelet_and_plugin(short_tmp_path, gpu_count=2) as (kubelet, plugin):
+        await kubelet.wait_registered(R)
+        book = plugin.supervisor.book
+        filler = place_pod(
+            [ContainerRequest("main", "app", 60)],
+            [GpuState(g, U) for g in GPUS],
+            units_per_gpu=U,
+            policy="binpack",
+        )
+        book.apply(
+            "ADDED",
+            assigned_pod(
+                "filler", [("main", "app", 60, dict(filler.containers[0].gpus))], created="1"
+            ),
+        )
+        await kubelet.admit_pod(R, [("main", "app", 60)])
+        held = counts(kubelet.plugins[R].allocated)
+        assert held == {GPUS[0]: 60}
+        pod = [ContainerRequest("warm", "init", 30), ContainerRequest("main", "app", 50)]
+        placement = place_pod(
+            pod, [GpuState(g, U - held.get(g, 0)) for g in GPUS], units_per_gpu=U, policy="binpack"
+        )
+        assert placement.refusal is None
+        assert [dict(c.gpus) for c in placement.containers] == [{GPUS[1]: 30}, {GPUS[1]: 50}]
+        book.apply(
+            "ADDED",
+            assigned_pod(
+                "reuse",
+                [(c.name, c.kind, c.units, dict(c.gpus)) for c in placement.containers],
+                created="2",
+            ),
+        )
+        admitted = await kubelet.admit_pod(R, [("warm", "init", 30), ("main", "app", 50)])
+    assert [(name, counts(ids)) for name, ids, _ in admitted] == [
+        ("warm", {GPUS[1]: 30}),
+        ("main", {GPUS[1]: 50}),
+    ]
 
 
 def test_the_issues_reproduction_is_refused_by_the_filter_not_split() -> None:

@@ -56,12 +56,34 @@ def test_an_init_containers_units_are_reused_by_the_next_container() -> None:
     assert pod_units(pod) == 50
 
 
-def test_reuse_that_would_split_is_refused() -> None:
-    """Init 30 lands on the tightest GPU (35 free); main 50 must stay there: no room."""
+def test_an_init_share_moves_to_where_the_next_containers_whole_share_fits() -> None:
+    """Issue 27, seen on a real cluster: GPU 0 at 60 used, GPU 1 empty; init 30, app 50.
+
+    Binpack alone puts the 30 on GPU 0 (the tightest), where the app container, which
+    the kubelet hands those 30, has no room for its 20 more. The whole-pod plan puts
+    the init container's 30 on GPU 1, and the app's 50 there with them."""
     pod = [ContainerRequest("warmup", "init", 30), app(50)]
-    placed = place_pod(pod, gpus(100, 35), units_per_gpu=100, policy="binpack")
-    assert placed.refusal is not None
-    assert "reused units has no room" in placed.refusal
+    placed = place_pod(pod, gpus(40, 100), units_per_gpu=100, policy="binpack")
+    assert placed.fits
+    assert [c.gpus for c in placed.containers] == [{"GPU-1": 30}, {"GPU-1": 50}]
+    assert placed.taken == {"GPU-1": 50}
+
+
+def test_the_policys_own_plan_is_kept_when_it_fits() -> None:
+    """Init 30 and app 50 fit on the tightest GPU with 60 free: binpack's choice stands."""
+    pod = [ContainerRequest("warmup", "init", 30), app(50)]
+    placed = place_pod(pod, gpus(100, 60), units_per_gpu=100, policy="binpack")
+    assert [c.gpus for c in placed.containers] == [{"GPU-1": 30}, {"GPU-1": 50}]
+
+
+def test_reuse_with_no_gpu_for_the_whole_share_is_refused_with_the_replays_reason() -> None:
+    """No GPU holds 50: whatever GPU the init's 30 go to, the app cannot stay there."""
+    pod = [ContainerRequest("warmup", "init", 30), app(50)]
+    placed = place_pod(pod, gpus(45, 35), units_per_gpu=100, policy="binpack")
+    assert placed.refusal == (
+        'container "main": the GPU holding its 30 reused units has no room for 20 more '
+        "(largest free 45; 50 free in total)"
+    )
 
 
 def test_a_sidecar_keeps_its_units_and_the_app_takes_its_own() -> None:

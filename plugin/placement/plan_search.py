@@ -1,0 +1,224 @@
+"""A whole pod's plan when the policy's container-by-container choice leads nowhere (pure).
+
+Why: :func:`plugin.placement.pod.place_pod` decides the containers of a pod in
+the kubelet's order, each by the policy (:func:`~plugin.placement.units.place_units`).
+That greedy choice can make a later container unplaceable although another
+choice for an earlier one would have placed the whole pod. The case seen on a
+real cluster (issue 27): GPU 0 has 40 units free, GPU 1 100; an init container
+of 30 then an app container of 50. Binpack puts the 30 on GPU 0 (the tightest),
+the kubelet then hands those 30 to the app container (KUBELET-FACTS section 1),
+which needs 20 more on the same GPU: no room, refused. Put on GPU 1, the 30 and
+then the 50 fit. Nothing forces the greedy choice: the scheduler extender
+chooses every container's GPUs and the device plugin follows that assignment
+for each container, init containers included.
+
+So this module searches, depth first, for a plan the kubelet would honour:
+
+* each container, in the kubelet's order, first takes its pod's *reusable*
+  units (a regular init container's units, for the containers after it) without
+  the plugin being asked; taking only part of reusable units that lie on several
+  GPUs is unpredictable (the kubelet picks from an unordered set), so such a
+  branch is dead;
+* the rest of the container's units go wherever the plan says (the device plugin
+  answers ``GetPreferredAllocation`` with the assignment), as long as the
+  container ends up with at most one GPU partly used: ``size // U`` whole GPUs and
+  the ``size % U`` remainder on one GPU.
+
+Those are all the shapes a container may take, so the candidates for one
+container are few: which GPU holds the remainder (every GPU already holding part
+of the container must be whole or be that GPU), whole GPUs among the completely
+free ones. Completely free GPUs are interchangeable for feasibility (same free
+units, nothing of this pod on them), and so are GPUs with the same free units
+and held units as a remainder's home, so one of each kind is tried. Failed
+states are remembered by their sorted ``(free, reusable)`` pairs, so symmetric
+branches are explored once.
+
+The order of the search is the policy's: each container's first candidate is
+place_units' own answer when that is not a split, then the others, the GPUs
+already holding its units first, then tightest (binpack) or freest (spread),
+then by position. The first plan found is returned, so a pod the greedy replay
+places gets exactly that placement, and only the containers that must move do.
+
+The search is bounded (:data:`MAX_EXPANSIONS`); pods that exhaust it are
+refused with the greedy refusal, like pods with no plan. Real pods, a handful of
+containers on up to 16 GPUs, stay far below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from plugin.api.config import AllocationPolicy
+from plugin.placement.refusals import ContainerKind
+from plugin.placement.units import is_fraction_split, order_whole, place_units
+
+MAX_EXPANSIONS: Final = 20_000
+"""Container placements tried per pod before the search gives up (a hostile pod with
+thousands of containers must not hold a filter call)."""
+
+Plan = list[list[int]]
+"""Per container (in the order given), the units it holds on each GPU (reused + taken)."""
+
+
+def search_plan(
+    asks: Sequence[tuple[ContainerKind, int]],
+    free: Sequence[int],
+    numa: Sequence[int | None],
+    *,
+    units_per_gpu: int,
+    policy: AllocationPolicy,
+) -> tuple[Plan, list[int]] | None:
+    """The first plan in the policy's order, as (each container's units per GPU, units
+    taken from each GPU), or None when none exists (or the search ran out).
+
+    ``asks``: ``(kind, units)`` per container in the kubelet's order (0 units: asks
+    none); ``free``: free units per GPU (0 for an unhealthy GPU).
+    """
+    search = _Search(asks, numa, units_per_gpu=units_per_gpu, policy=policy)
+    ngpus = len(free)
+    return search.run(list(free), [0] * ngpus)
+
+
+class _Search:
+    def __init__(
+        self,
+        asks: Sequence[tuple[ContainerKind, int]],
+        numa: Sequence[int | None],
+        *,
+        units_per_gpu: int,
+        policy: AllocationPolicy,
+    ) -> None:
+        self.asks = asks
+        self.numa = numa
+        self.upg = units_per_gpu
+        self.policy: AllocationPolicy = policy
+        self.failed: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
+        self.expansions = 0
+
+    def run(self, free: list[int], reusable: list[int]) -> tuple[Plan, list[int]] | None:
+        taken = [0] * len(free)
+        plan: Plan = []
+        if self._descend(0, free, reusable, taken, plan):
+            return plan, taken
+        return None
+
+    def _descend(
+        self, index: int, free: list[int], reusable: list[int], taken: list[int], plan: Plan
+    ) -> bool:
+        while index < len(self.asks) and self.asks[index][1] <= 0:
+            plan.append([0] * len(free))
+            index += 1
+        if index == len(self.asks):
+            return True
+        state = (index, tuple(sorted(zip(free, reusable, strict=True))))
+        if state in self.failed or self.expansions >= MAX_EXPANSIONS:
+            return False
+        kind, units = self.asks[index]
+        held = _reused(units, reusable)
+        if held is not None:
+            for take in self._candidates(units, free, held):
+                self.expansions += 1
+                mine = [h + t for h, t in zip(held, take, strict=True)]
+                next_free = [f - t for f, t in zip(free, take, strict=True)]
+                next_reusable = [r - h for r, h in zip(reusable, held, strict=True)]
+                if kind == "init":
+                    next_reusable = [r + m for r, m in zip(next_reusable, mine, strict=True)]
+                next_taken = [a + t for a, t in zip(taken, take, strict=True)]
+                depth = len(plan)
+                plan.append(mine)
+                if self._descend(index + 1, next_free, next_reusable, next_taken, plan):
+                    taken[:] = next_taken
+                    return True
+                del plan[depth:]
+                if self.expansions >= MAX_EXPANSIONS:
+                    return False
+        self.failed.add(state)
+        return False
+
+    def _candidates(self, units: int, free: Sequence[int], held: Sequence[int]) -> list[list[int]]:
+        """The takes that leave the container with at most one GPU partly used: the
+        policy's own answer first, then one of each kind of alternative."""
+        need = units - sum(held)
+        if need > sum(free):
+            return []
+        if need == 0:
+            return [[0] * len(free)] if not _split(held, self.upg) else []
+        out: list[list[int]] = []
+        first = place_units(
+            free, held, units, units_per_gpu=self.upg, numa=self.numa, policy=self.policy
+        )
+        mine = [h + t for h, t in zip(held, first, strict=True)]
+        if not _split(mine, self.upg):
+            out.append(first)
+        whole, remainder = divmod(units, self.upg)
+        homes: list[int | None] = [None]
+        if remainder:
+            sign = 1 if self.policy == "binpack" else -1
+            fitting = [
+                pos for pos in range(len(free)) if held[pos] <= remainder <= held[pos] + free[pos]
+            ]
+            fitting.sort(key=lambda pos: (held[pos] == 0, sign * free[pos], pos))
+            seen: set[tuple[int, int]] = set()
+            homes = []
+            for pos in fitting:
+                kind = (free[pos], held[pos])
+                if kind not in seen:
+                    seen.add(kind)
+                    homes.append(pos)
+        for home in homes:
+            take = self._with_home(home, whole, remainder, free, held)
+            if take is not None and take not in out:
+                out.append(take)
+        return out
+
+    def _with_home(
+        self,
+        home: int | None,
+        whole: int,
+        remainder: int,
+        free: Sequence[int],
+        held: Sequence[int],
+    ) -> list[int] | None:
+        """``whole`` whole GPUs and the remainder on ``home``: every GPU already holding
+        units of the container is one of them; the others are completely free GPUs in
+        place_units' order of whole GPUs."""
+        upg = self.upg
+        take = [0] * len(free)
+        forced = [pos for pos, h in enumerate(held) if h and pos != home]
+        if len(forced) > whole or any(held[pos] + free[pos] < upg for pos in forced):
+            return None
+        for pos in forced:
+            take[pos] = upg - held[pos]
+        spare = [
+            pos for pos in range(len(free)) if not held[pos] and free[pos] == upg and pos != home
+        ]
+        wanted = whole - len(forced)
+        if wanted > len(spare):
+            return None
+        touched = set(forced) | ({home} if home is not None else set())
+        order = order_whole(spare, wanted, numa=self.numa, touched=touched, policy=self.policy)
+        for pos in order[:wanted]:
+            take[pos] = upg
+        if home is not None:
+            take[home] = remainder - held[home]
+        return take
+
+
+def _reused(units: int, reusable: Sequence[int]) -> list[int] | None:
+    """The units the kubelet hands the container from its pod's reusable ones, per GPU;
+    None when it would take part of units lying on several GPUs (unpredictable)."""
+    total = sum(reusable)
+    if units < total and sum(1 for n in reusable if n) > 1:
+        return None
+    held = [0] * len(reusable)
+    left = units
+    for pos, n in enumerate(reusable):
+        part = min(n, left)
+        held[pos] = part
+        left -= part
+    return held
+
+
+def _split(mine: Sequence[int], units_per_gpu: int) -> bool:
+    return is_fraction_split([n for n in mine if n], units_per_gpu=units_per_gpu)
