@@ -264,8 +264,7 @@ BARRIER = 32
 )
 async def test_binds_in_flight_reach_the_api_server_together(connections: int, bound: int) -> None:
     """Each Binding is held until all 32 arrived: they complete only if the client sends
-    them side by side (a pool of 4, kubernetes-asyncio's default size in earlier releases,
-    holds the other 28 back until their timeout)."""
+    them side by side (a pool of 4 holds the other 28 back until their timeout)."""
     core = core_with({f"node-{n}": [0, 0, 0, 0] for n in range(8)})
     for n in range(BARRIER):
         remember(core, n)
