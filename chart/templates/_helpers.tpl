@@ -102,6 +102,7 @@ inside a read-only ConfigMap volume. */}}
 {{- define "metagpu.configDir" -}}/etc/metagpu/config{{- end -}}
 {{- define "metagpu.webhook.configFile" -}}/etc/metagpu/config/webhook.yaml{{- end -}}
 {{- define "metagpu.plugin.configFile" -}}/etc/metagpu/config/plugin.yaml{{- end -}}
+{{- define "metagpu.plugin.simulatedGpusFileName" -}}simulated-gpus.yaml{{- end -}}
 {{- define "metagpu.webhook.tlsDir" -}}/etc/metagpu/tls{{- end -}}
 
 {{/* In-container paths of the kubelet directories. Fixed, so the config does
@@ -135,6 +136,22 @@ nodeSelector:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- with $tolerations | uniq }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Tolerations of a pod that is not a GPU workload (the webhook, the scheduler,
+the hook Jobs): (dict "root" $ "own" .Values.x.tolerations). Its own, plus, with
+allNodesAreGpuNodes, the GPU node taints (`tolerations`): on a cluster whose every
+node carries them, these pods would otherwise stay Pending, and a pre-install hook
+Job that stays Pending makes `helm install` wait for its timeout. */}}
+{{- define "metagpu.clusterPodTolerations" -}}
+{{- $tolerations := .own | default list -}}
+{{- if .root.Values.allNodesAreGpuNodes -}}
+{{- $tolerations = concat $tolerations (.root.Values.tolerations | default list) -}}
+{{- end -}}
 {{- with $tolerations | uniq }}
 tolerations:
   {{- toYaml . | nindent 2 }}
@@ -425,6 +442,9 @@ read by both DaemonSets. */}}
   "agent" $agent
   "placement" (dict "honour_assignments" .Values.plugin.honourAssignments "extender" (dig "scheduler" "enabled" false .Values.AsMap))
 -}}
+{{- if .Values.plugin.simulatedGpus.enabled -}}
+{{- $_ := set $config "gpus_file" (printf "%s/%s" (include "metagpu.configDir" .) (include "metagpu.plugin.simulatedGpusFileName" .)) -}}
+{{- end -}}
 {{- include "metagpu.mergeExtraConfig" (dict "base" $config "extra" .Values.plugin.extraConfig "where" "plugin.extraConfig") -}}
 {{- toYaml $config -}}
 {{- end -}}
