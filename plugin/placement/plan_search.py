@@ -42,11 +42,20 @@ places gets exactly that placement, and only the containers that must move do.
 The search is bounded (:data:`MAX_EXPANSIONS`); pods that exhaust it are
 refused with the greedy refusal, like pods with no plan. Real pods, a handful of
 containers on up to 16 GPUs, stay far below it.
+
+Before searching, place_pod tries one cheaper plan, the one that fixes the case
+above: :func:`chain_units` raises every regular init container whose units the
+next container takes whole to that container's units, so the policy places the
+init container where the whole chain's share fits; :func:`chain_prefix` then
+gives each init container of the chain its own part of that share. It is a
+replay like the first, so the vectorised placement computes it with the same
+closed forms, on every node at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Final
 
 from plugin.api.config import AllocationPolicy
@@ -222,3 +231,86 @@ def _reused(units: int, reusable: Sequence[int]) -> list[int] | None:
 
 def _split(mine: Sequence[int], units_per_gpu: int) -> bool:
     return is_fraction_split([n for n in mine if n], units_per_gpu=units_per_gpu)
+
+
+def chain_units(asks: Sequence[tuple[ContainerKind, int]]) -> list[int] | None:
+    """Units per container for the reuse-aware replay, or None when no container changes.
+
+    A regular init container that takes every reusable unit before it (so it holds
+    only its own, fully predictable units) and whose units the next container asking
+    takes whole gets that container's units (transitively along a chain of such init
+    containers): placed by the policy with the size of the whole chain's last
+    container, it lands where that container fits. Reuse depends on sizes only, so
+    the replay of the raised pod takes exactly the units a real plan takes: the
+    chain's last container holds the same GPUs, the init containers a part of them
+    (:func:`chain_prefix`).
+    """
+    units = [n for _, n in asks]
+    raised = list(units)
+    for here, after, linked in reversed(_links(asks)):
+        if linked:
+            raised[here] = raised[after]
+    return raised if raised != units else None
+
+
+def one_chain(asks: Sequence[tuple[ContainerKind, int]]) -> bool:
+    """Every container asking, but the last, is an init container linked to the next
+    (:func:`chain_units`): the whole pod is one chain."""
+    links = _links(asks)
+    return bool(links) and all(linked for _, _, linked in links)
+
+
+def independent_items(asks: Sequence[tuple[ContainerKind, int]]) -> list[int] | None:
+    """The pod as independent items when every init container asking is linked to the
+    next (:func:`chain_units`): each chain's last container's units, and every other
+    container's. None when some container takes only part of its pod's reusable units
+    or an init container's units are not taken whole.
+
+    Each init container of a chain holds part of what its chain's last container
+    holds, so a plan exists exactly when the items, each as ``size // U`` whole GPUs
+    from completely free ones and the remainder on one GPU, fit the node together.
+    """
+    links = _links(asks)
+    linked = {here for here, _, ok in links if ok}
+    asking = [pos for pos, (_, n) in enumerate(asks) if n > 0]
+    if any(asks[pos][0] == "init" and pos not in linked for pos in asking):
+        return None
+    units = chain_units(asks) or [n for _, n in asks]
+    return [units[pos] for pos in asking if pos not in linked]
+
+
+def _links(asks: Sequence[tuple[ContainerKind, int]]) -> list[tuple[int, int, bool]]:
+    """For each container asking and the next one asking: whether the first is a
+    regular init container taking every reusable unit before it whose units the next
+    takes whole."""
+    asking = [pos for pos, (_, n) in enumerate(asks) if n > 0]
+    pool = 0
+    whole_pool: dict[int, bool] = {}
+    for pos in asking:
+        kind, n = asks[pos]
+        whole_pool[pos] = n >= pool
+        pool -= min(n, pool)
+        if kind == "init":
+            pool += n
+    return [
+        (
+            here,
+            after,
+            asks[here][0] == "init" and whole_pool[here] and asks[after][1] >= asks[here][1],
+        )
+        for here, after in pairwise(asking)
+    ]
+
+
+def chain_prefix(share: Sequence[int], size: int, *, units_per_gpu: int) -> list[int]:
+    """The first ``size`` units of ``share`` (units per GPU), whole GPUs first, then the
+    one partly used: nested for growing sizes, and never a split (``size % U`` units
+    land on one GPU)."""
+    order = sorted(range(len(share)), key=lambda pos: (share[pos] < units_per_gpu, pos))
+    out = [0] * len(share)
+    left = size
+    for pos in order:
+        part = min(left, share[pos])
+        out[pos] = part
+        left -= part
+    return out

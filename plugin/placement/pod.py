@@ -33,10 +33,10 @@ there is none (with the replay's reason).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from plugin.api.config import AllocationPolicy
-from plugin.placement.plan_search import search_plan
+from plugin.placement.plan_search import chain_prefix, chain_units, one_chain, search_plan
 from plugin.placement.refusals import (
     HELD,
     NO_SINGLE_GPU,
@@ -127,14 +127,32 @@ def place_pod(
     units_per_gpu: int,
     policy: AllocationPolicy,
 ) -> PodPlacement:
-    """The kubelet's allocation of ``containers`` (in pod order) on ``gpus``: the
-    policy's replay, or, when that refuses a container after the first one asking,
-    the first plan :func:`~plugin.placement.plan_search.search_plan` finds.
+    """The kubelet's allocation of ``containers`` (in pod order) on ``gpus``.
+
+    The policy's replay; when that refuses a container after the first one asking,
+    the reuse-aware replay (:func:`chain_replay`), then, for a pod that reuses
+    nothing, the replay of its containers largest first (:func:`largest_first`);
+    when those refuse too and another plan may exist (:func:`replays_are_exact`),
+    the first plan :func:`~plugin.placement.plan_search.search_plan` finds. Every
+    step is a plan the kubelet honours; refused, the pod gets the first replay's
+    reason.
 
     Unhealthy GPUs offer nothing. Deterministic: same inputs, same answer.
     """
     replayed = _replay(containers, gpus, units_per_gpu=units_per_gpu, policy=policy)
     if not may_search(replayed.refusal_key, containers):
+        return replayed
+    raised = chain_replay(containers, gpus, units_per_gpu=units_per_gpu, policy=policy)
+    if raised is not None and raised.fits:
+        return raised
+    reordered = largest_first(containers)
+    if reordered is not None:
+        again = _replay(reordered, gpus, units_per_gpu=units_per_gpu, policy=policy)
+        if again.fits:
+            order = {c.name: n for n, c in enumerate(containers)}
+            mine = sorted(again.containers, key=lambda c: order[c.name])
+            return PodPlacement(tuple(mine), again.taken)
+    if replays_are_exact(containers):
         return replayed
     found = search_plan(
         [(c.kind, c.units) for c in containers],
@@ -158,6 +176,73 @@ def place_pod(
         if c.units > 0
     )
     return PodPlacement(placed, _by_id(taken, gpus))
+
+
+def largest_first(containers: Sequence[ContainerRequest]) -> list[ContainerRequest] | None:
+    """A pod that reuses nothing (no init container asks), its containers asking largest
+    first, or None (it reuses, or is in that order already).
+
+    With nothing reused, what each container holds does not depend on the order the
+    kubelet allocates in, and the device plugin follows each container's assignment:
+    any order of deciding gives a plan the kubelet honours. Largest first is the
+    classic bin-packing order (a small sidecar's share must not take the one GPU the
+    app's share fits on)."""
+    if any(c.kind == "init" and c.units > 0 for c in containers):
+        return None
+    asking = [c for c in containers if c.units > 0]
+    ordered = sorted(asking, key=lambda c: -c.units)
+    return ordered if ordered != asking else None
+
+
+def replays_are_exact(containers: Sequence[ContainerRequest]) -> bool:
+    """Whether a pod the replays refuse has no plan at all, so the search is not needed:
+    one chain (every container asking is an init container whose units the next
+    takes whole, or the chain's last). Any plan holds the last container's units,
+    non-split, on GPUs whose every unit came from free units, so one exists exactly
+    when that container alone fits, and place_units is exact for one container with
+    nothing held (:func:`chain_replay` places it so).
+    """
+    return one_chain([(c.kind, c.units) for c in containers])
+
+
+def raised_chains(containers: Sequence[ContainerRequest]) -> list[ContainerRequest] | None:
+    """The pod with each reused init container raised to its chain's size
+    (:func:`~plugin.placement.plan_search.chain_units`), or None when none is."""
+    units = chain_units([(c.kind, c.units) for c in containers])
+    if units is None:
+        return None
+    return [replace(c, units=n) for c, n in zip(containers, units, strict=True)]
+
+
+def chain_replay(
+    containers: Sequence[ContainerRequest],
+    gpus: Sequence[GpuState],
+    *,
+    units_per_gpu: int,
+    policy: AllocationPolicy,
+) -> PodPlacement | None:
+    """The reuse-aware replay: the policy's replay of :func:`raised_chains`' pod, each
+    raised init container then given its own part of what it was placed on. None
+    when no container is raised; refused with the raised pod's reason."""
+    raised = raised_chains(containers)
+    if raised is None:
+        return None
+    placed = _replay(raised, gpus, units_per_gpu=units_per_gpu, policy=policy)
+    if not placed.fits:
+        return placed
+    index = {g.id: pos for pos, g in enumerate(gpus)}
+    own: list[ContainerPlacement] = []
+    for c, at in zip((c for c in containers if c.units > 0), placed.containers, strict=True):
+        if at.units == c.units:
+            own.append(at)
+            continue
+        share = [0] * len(gpus)
+        for gpu, n in at.gpus.items():
+            share[index[gpu]] = n
+        part = chain_prefix(share, c.units, units_per_gpu=units_per_gpu)
+        gpus_of = {gpus[pos].id: n for pos, n in enumerate(part) if n}
+        own.append(ContainerPlacement(c.name, c.kind, c.units, gpus_of, split=False))
+    return PodPlacement(tuple(own), placed.taken)
 
 
 def may_search(key: RefusalKey | None, containers: Sequence[ContainerRequest]) -> bool:

@@ -54,8 +54,10 @@ from plugin.placement.fleet.closed_forms import (
     shares_then_inits_then_one,
     without_reuse,
 )
+from plugin.placement.fleet.packing import two_items_fit
 from plugin.placement.fleet.replay import replay_pod, row_by_row
-from plugin.placement.pod import ContainerRequest
+from plugin.placement.plan_search import independent_items, one_chain
+from plugin.placement.pod import ContainerRequest, largest_first, raised_chains
 from plugin.placement.refusals import FITS, SHORT
 
 __all__ = [
@@ -135,11 +137,13 @@ def searched(
     replay refused a container after the first one asking and another plan may exist
     (:func:`plugin.placement.pod.may_search`, as arrays).
 
-    Those rows are few on most clusters, and repeat: each distinct row (free units,
-    NUMA columns, units per GPU, GPU health) is decided once, by place_pod itself.
-    A cheap necessary condition leaves out rows no plan can fit: every container's
-    remainder needs a GPU with that many units free, and its whole GPUs completely
-    free GPUs.
+    place_pod's next step, the reuse-aware replay (:func:`~plugin.placement.pod.chain_replay`),
+    is a replay too: it runs here over those rows at once, by the same closed forms.
+    Only the rows it refuses as well go to place_pod's search, and those repeat: each
+    distinct row (free units, NUMA columns, units per GPU, GPU health) is decided once,
+    by place_pod itself. A cheap necessary condition leaves out rows no plan can fit:
+    every container's remainder needs a GPU with that many units free, and its whole
+    GPUs completely free GPUs.
     """
     asking = [index for index, c in enumerate(containers) if c.units > 0]
     if len(asking) < 2:
@@ -147,6 +151,25 @@ def searched(
     rows = np.flatnonzero(
         (placed.outcome != FITS) & (placed.outcome != SHORT) & (placed.container > asking[0])
     )
+    if not rows.size:
+        return placed
+    if rows.size >= NODE_BY_NODE_BELOW:
+        # (fewer rows go to place_pod below, which tries these replays itself)
+        for again in (raised_chains(containers), largest_first(containers)):
+            if again is None or not rows.size:
+                continue
+            alt = _replayed(
+                fleet.subset(rows), again, [i for i, c in enumerate(again) if c.units > 0], policy
+            )
+            fits = alt.fits
+            placed.patch(rows[fits], _only(alt, np.flatnonzero(fits)))
+            rows = rows[~fits]
+        asks = [(c.kind, c.units) for c in containers]
+        if one_chain(asks):
+            return placed
+        items = independent_items(asks)
+        if items is not None and len(items) == 2 and rows.size:
+            rows = rows[two_items_fit(fleet.free[rows], fleet.units_per_gpu[rows], *items)]
     if rows.size:
         upg = fleet.units_per_gpu[rows]
         free = fleet.free[rows]
@@ -178,17 +201,18 @@ def searched(
         healthy=distinct[:, 2 * width + 2],
         numa_columns=fleet.numa_columns,
     )
-    fresh = row_by_row(part, containers, policy)
-    placed.patch(
-        rows,
-        FleetPlacement(
-            fresh.outcome[inverse],
-            fresh.container[inverse],
-            fresh.numbers[inverse],
-            fresh.gpus_used[inverse],
-            fresh.left_on_used[inverse],
-            fresh.units_taken[inverse],
-            None if fresh.taken is None else fresh.taken[inverse],
-        ),
-    )
+    placed.patch(rows, _only(row_by_row(part, containers, policy), inverse))
     return placed
+
+
+def _only(placed: FleetPlacement, rows: Ints) -> FleetPlacement:
+    """``placed`` on ``rows`` only (in that order; a row may repeat)."""
+    return FleetPlacement(
+        placed.outcome[rows],
+        placed.container[rows],
+        placed.numbers[rows],
+        placed.gpus_used[rows],
+        placed.left_on_used[rows],
+        placed.units_taken[rows],
+        None if placed.taken is None else placed.taken[rows],
+    )

@@ -24,10 +24,13 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plugin.extender.service import ExtenderCore
+from plugin.placement.fleet.packing import two_items_fit
+from plugin.placement.plan_search import independent_items
 from plugin.placement.pod import ContainerRequest, GpuState, place_pod
 from plugin.placement.refusals import ContainerKind
 from tests.extender.builders import RESOURCE, ledger
@@ -201,3 +204,28 @@ def test_the_extenders_filter_passes_exactly_the_nodes_with_a_plan(
         if reference_has_plan(small, [(upg - n) // 20 for n in (node_used or [0])], upg // 20)
     ]
     assert list(outcome.passed) == expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), upg=UPG)
+def test_two_independent_items_fit_exactly_when_a_plan_exists(
+    data: st.DataObject, upg: int
+) -> None:
+    """The arrays' exact check for two items (:mod:`plugin.placement.fleet.packing`), which
+    spares the search the nodes without a plan, against the reference on each row."""
+    units = st.integers(min_value=1, max_value=2 * upg + upg // 2)
+    first, second = data.draw(units), data.draw(units)
+    rows = data.draw(st.lists(nodes(upg), min_size=1, max_size=6))
+    width = max(len(r) for r in rows)
+    free = np.array([r + [0] * (width - len(r)) for r in rows], dtype=np.int64)
+    fits = two_items_fit(free, np.full(len(rows), upg, dtype=np.int64), first, second)
+    expected = [reference_has_plan((("sidecar", first), ("app", second)), row, upg) for row in rows]
+    assert fits.tolist() == expected
+
+
+def test_independent_items_reduce_chains_to_their_last_container() -> None:
+    assert independent_items((("init", 30), ("app", 50))) == [50]
+    assert independent_items((("sidecar", 10), ("init", 150), ("app", 170))) == [10, 170]
+    assert independent_items((("init", 150), ("app", 170), ("app", 30))) == [170, 30]
+    # an init container whose units the next takes only in part: not independent
+    assert independent_items((("init", 150), ("app", 50))) is None
