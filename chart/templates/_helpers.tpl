@@ -384,6 +384,8 @@ extenders:
     filterVerb: filter
     prioritizeVerb: prioritize
     bindVerb: bind
+    # Victims chosen by GPU, not by node totals (docs/scheduler.md, "Preemption").
+    preemptVerb: preempt
     weight: {{ .Values.scheduler.extender.weight }}
     enableHTTPS: false
     httpTimeout: {{ .Values.scheduler.extender.httpTimeout }}
@@ -401,8 +403,6 @@ from a flag. Its default placement policy is the device plugin's allocation poli
 so both choose the same GPU. */}}
 {{- define "metagpu.extender.config" -}}
 {{- $config := dict
-    # Victims chosen by GPU, not by node totals (docs/scheduler.md, "Preemption").
-    preemptVerb: preempt
   "version" "v1"
   "resource_name" .Values.resourceName
   "placement_policy" .Values.plugin.allocationPolicy
