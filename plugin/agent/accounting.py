@@ -146,6 +146,10 @@ class GpuView:
     """Another resource advertises or holds this GPU (another device plugin)."""
     numa_node: int | None = None
     """The GPU's NUMA node (None: unknown): the extender breaks ties by it, as the plugin does."""
+    units_advertised: int | None = None
+    """Units of this GPU the kubelet lists as allocatable for its metagpu resource
+    (``GetAllocatableResources``): 0 while the device plugin is not registered (or
+    withdrew the GPU); None when the agent does not read allocatable devices."""
 
     @property
     def units_free(self) -> int:
@@ -244,6 +248,7 @@ def build_snapshot(
     pods_watched: bool = True,
     ownership: Ownership = NO_CLAIMS,
     no_gpus_reason: str | None = None,
+    advertised: Iterable[tuple[str, Sequence[str]]] | None = None,
 ) -> Snapshot:
     """Join one cycle's inputs into a :class:`Snapshot`.
 
@@ -255,6 +260,8 @@ def build_snapshot(
     answer): their GPUs have no free units and our shares on them conflict.
     ``health`` is the device plugin's board (UUID → record): a GPU on it is as
     healthy as the plugin advertises it, with the plugin's reason.
+    ``advertised`` is the kubelet's allocatable devices as (resource, device IDs);
+    those of ``resources`` count into each GPU's ``units_advertised`` (None: not read).
     """
     health = health or {}
     liveness = liveness or {}
@@ -289,6 +296,20 @@ def build_snapshot(
             units[(alloc.key, uuid)] += 1
             unit_resource[(alloc.key, uuid)] = alloc.resource
             allocated_on[uuid] += 1
+
+    advertised_on: dict[str, int] | None = None
+    if advertised is not None:
+        advertised_on = defaultdict(int)
+        for resource_name, device_ids in advertised:
+            if resource_name not in wanted:
+                continue
+            for device_id in device_ids:
+                try:
+                    gpu_id, _ = parse_replica_id(device_id)
+                except ReplicaIdError:
+                    continue
+                if (found := by_device.get(gpu_id)) is not None:
+                    advertised_on[found.info.uuid] += 1
 
     # --- processes: attribute each to a container
     processes: list[ProcessView] = []
@@ -378,6 +399,9 @@ def build_snapshot(
                 health=record,
                 liveness=liveness.get(info.uuid),
                 claim=ownership.claim(info.uuid),
+                units_advertised=(
+                    advertised_on.get(info.uuid, 0) if advertised_on is not None else None
+                ),
             )
         )
     conflicts = tuple(

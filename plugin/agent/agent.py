@@ -339,6 +339,11 @@ class Agent:
             pods_watched=self.pods_watched,
             ownership=ownership,
             no_gpus_reason=None if readings else self.no_gpus_reason(),
+            advertised=(
+                [(r.resource_name, r.device_ids) for r in allocatable]
+                if self.allocatable_source is not None
+                else None
+            ),
         )
         decisions = self.tracker.decide(
             snapshot,

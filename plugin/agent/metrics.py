@@ -153,6 +153,12 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
         "on a GPU with a metagpu resource, its units are withdrawn.",
         (*GPU_LABELS, "other_resource"),
     )
+    advertised = gauge(
+        "gpu_units_advertised",
+        "Units of the GPU the kubelet lists as allocatable for its metagpu resource: 0 "
+        "while the device plugin is not registered with the kubelet or withdrew the GPU.",
+        GPU_LABELS,
+    )
     per_gpu_procs: dict[str, int] = {}
     for p in snapshot.processes:
         per_gpu_procs[p.gpu_uuid] = per_gpu_procs.get(p.gpu_uuid, 0) + 1
@@ -177,10 +183,12 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
         if g.processes_known:
             procs.add_metric(values, per_gpu_procs.get(g.uuid, 0))
         units_free.add_metric(values, g.units_free)
+        if g.units_advertised is not None and g.resource is not None:
+            advertised.add_metric(values, g.units_advertised)
         for other in g.claim.resources if g.claim is not None else ():
             foreign.add_metric((*values, other), 1)
     yield from (units_total, units_alloc, mem_total, mem_used, unattributed, util, healthy, procs)
-    yield from (health_info, liveness, units_free, foreign)
+    yield from (health_info, liveness, units_free, foreign, advertised)
 
     c_units = gauge("container_units", "Units of the GPU the container holds.", CONTAINER_LABELS)
     c_limit = gauge(
