@@ -16,10 +16,11 @@ import pytest
 BENCHMARKS = sorted(
     p
     for p in (Path(__file__).parent / "benchmarks").glob("*.py")
-    if not p.name.startswith(("_", "image_"))
+    if not p.name.startswith(("_", "image_", "gpu_"))
 )
-"""Every script; modules named ``_*.py`` (``__init__``, shared helpers) are not benchmarks, and
-``image_*.py`` need the built image: tests/image/test_image_smoke.py runs those."""
+"""Every script; modules named ``_*.py`` (``__init__``, shared helpers) are not benchmarks,
+``image_*.py`` need the built image: tests/image/test_image_smoke.py runs those, and ``gpu_*.py``
+need a GPU machine and its driver: they are run there by hand (docs/benchmarks.md says how)."""
 
 
 @pytest.mark.slow

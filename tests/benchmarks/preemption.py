@@ -23,7 +23,10 @@ import argparse
 import random
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from plugin.api.scheduling import GpuHolder, GpuLedgerEntry, NodeLedger
 from plugin.extender.podfacts import PodFacts

@@ -1,7 +1,7 @@
 """The supervised MPS daemon on a real GPU (run by hand on a GPU machine; figures in
 docs/benchmarks.md, "MPS").
 
-``python3 tests/benchmarks/mps_real.py OUT_DIR``. What it does, each step bounded:
+``python3 tests/benchmarks/gpu_mps.py OUT_DIR``. What it does, each step bounded:
 
 1. driver facts: ``nvidia-smi``, where ``nvidia-cuda-mps-control`` is, whether NVML
    lets the compute mode be read and set here;
@@ -45,7 +45,7 @@ from plugin.gpu.mps_control import MpsControl, MpsControlError  # noqa: E402
 from plugin.gpu.mps_supervisor import MpsSupervisor  # noqa: E402
 from plugin.gpu.nvml import NvmlBackend  # noqa: E402
 
-CLIENT = str(ROOT / "tests" / "benchmarks" / "mps_client.py")
+CLIENT = str(ROOT / "tests" / "benchmarks" / "_gpu_mps_client.py")
 WORK = Path("/tmp/mpsreal")
 UNITS = 100
 

@@ -1,4 +1,4 @@
-"""An MPS client for tests/benchmarks/mps_real.py (torch; runs only on a GPU machine).
+"""An MPS client for tests/benchmarks/gpu_mps.py (torch; runs only on a GPU machine).
 
 ``hog OUT``: allocate 256 MiB blocks until CUDA refuses; writes how much it got and
 the error. ``matmul OUT``: bf16 8192^3 products, TFLOP/s over a timed run, plus the
