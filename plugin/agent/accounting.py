@@ -16,10 +16,12 @@ Output: a frozen :class:`Snapshot` that enforcement, metrics, node labels and
 the mgctl API all read, so they can never disagree about the same cycle.
 
 A container's memory limit on a GPU is ``units / units_per_gpu × GPU memory``
-(floored to whole MiB): 25 units of 100 on an 80 GiB GPU allow 20 GiB. It is
-:func:`plugin.placement.devices.memory_limit_mib`, the same function that sets the
-container's ``METAGPU_MEMORY_LIMIT_MB``, so the limit a container is told and
-the one it is held to never differ.
+(floored to whole MiB): 25 units of 100 on an 80 GiB GPU allow 20 GiB; its SM
+cap under ``fixed`` is its share in whole percent. Both are
+:mod:`plugin.api.limits`, the one formula that also sets the container's
+``METAGPU_MEMORY_LIMIT_MB`` and MPS limits, so the limits a container is told,
+shown (mgctl, metrics) and held to never differ. Whether the node enforces
+them is the plugin's word (its board's ``mps`` section, :attr:`Snapshot.mps`).
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from typing import Final, Literal
 
 from plugin.agent.cgroups import ContainerId
 from plugin.agent.containers import ContainerDirectory, ContainerKey, ContainerRef
-from plugin.api.resources import ReplicaIdError, parse_replica_id
+from plugin.api.limits import Enforced, Policy, thread_percentage
+from plugin.api.limits import memory_limit_mib as memory_limit_mib  # noqa: PLC0414 - re-exported
+from plugin.api.resources import COMPUTE_POLICIES, ReplicaIdError, parse_replica_id
 from plugin.gpu.backend import GpuInfo, GpuProcess, GpuUsage
 from plugin.gpu.health import GpuHealth
-from plugin.placement.devices import memory_limit_mib as memory_limit_mib  # noqa: PLC0414 - re-exported
+from plugin.gpu.mps import MpsNode
 from plugin.placement.ownership import NO_CLAIMS, ForeignHolder, GpuClaim, Ownership
 
 MIB: Final = 1024 * 1024
@@ -96,6 +100,24 @@ class ShareView:
     pids: tuple[int, ...]
     container_id: ContainerId | None
     pod_uid: str
+    compute_policy: str = ""
+    """The pod's ``metagpu.io/compute-policy``; empty when unknown (no pod seen)."""
+
+    @property
+    def policy(self) -> Policy | None:
+        """The compute policy if it is one of the three (None: unknown)."""
+        for known in COMPUTE_POLICIES:
+            if self.compute_policy == known:
+                return known
+        return None
+
+    @property
+    def thread_percentage(self) -> int | None:
+        """The SM cap of this share (``fixed`` only; None: no cap or policy unknown)."""
+        policy = self.policy
+        if not self.allocated or policy is None:
+            return None
+        return thread_percentage(self.units, units_per_gpu=self.units_per_gpu, policy=policy)
 
     @property
     def percent(self) -> float:
@@ -216,6 +238,13 @@ class Snapshot:
     shares_by_container: Mapping[ContainerKey, tuple[ShareView, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    mps: MpsNode = field(default_factory=MpsNode)
+    """How the device plugin serves MPS here (its board; ``off`` without one)."""
+
+    @property
+    def enforces(self) -> tuple[Enforced, ...]:
+        """What every container this node admits is held to at allocation."""
+        return self.mps.enforces
 
     def shares_of(self, key: ContainerKey) -> tuple[ShareView, ...]:
         """The shares one container holds or uses."""
@@ -249,6 +278,7 @@ def build_snapshot(
     ownership: Ownership = NO_CLAIMS,
     no_gpus_reason: str | None = None,
     advertised: Iterable[tuple[str, Sequence[str]]] | None = None,
+    mps: MpsNode | None = None,
 ) -> Snapshot:
     """Join one cycle's inputs into a :class:`Snapshot`.
 
@@ -359,6 +389,7 @@ def build_snapshot(
                 pids=tuple(sorted(p.pid for p in procs)),
                 container_id=ref.container_id if ref else None,
                 pod_uid=ref.pod_uid if ref else "",
+                compute_policy=ref.compute_policy if ref else "",
             )
         )
     # --- GPUs
@@ -426,6 +457,7 @@ def build_snapshot(
         conflicts=conflicts,
         no_gpus_reason=no_gpus_reason if not gpus else None,
         shares_by_container={k: tuple(v) for k, v in by_container.items()},
+        mps=mps or MpsNode(),
     )
 
 

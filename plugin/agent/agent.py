@@ -339,6 +339,7 @@ class Agent:
             pods_watched=self.pods_watched,
             ownership=ownership,
             no_gpus_reason=None if readings else self.no_gpus_reason(),
+            mps=board.board.mps if board is not None else None,
             advertised=(
                 [(r.resource_name, r.device_ids) for r in allocatable]
                 if self.allocatable_source is not None

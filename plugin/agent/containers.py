@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
 from plugin.agent.cgroups import ContainerId, parse_runtime_container_id
+from plugin.api.resources import ANNOTATION_COMPUTE_POLICY
 
 ContainerKind = Literal["container", "init", "ephemeral"]
 
@@ -42,6 +43,8 @@ class ContainerRef:
     container_id: ContainerId
     pod_uid: str
     kind: ContainerKind = "container"
+    compute_policy: str = ""
+    """The pod's ``metagpu.io/compute-policy`` (set by the webhook); empty when unset."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,11 @@ def containers_of_pod(pod: Mapping[str, Any]) -> Iterator[ContainerRef]:
     namespace = str(meta.get("namespace", ""))
     name = str(meta.get("name", ""))
     uid = str(meta.get("uid", ""))
+    annotations = meta.get("annotations")
+    policy = (
+        annotations.get(ANNOTATION_COMPUTE_POLICY) if isinstance(annotations, Mapping) else None
+    )
+    compute_policy = policy if isinstance(policy, str) else ""
     for field, kind in _STATUS_FIELDS:
         for cs in status.get(field) or ():
             cid = parse_runtime_container_id(str(cs.get("containerID") or ""))
@@ -70,6 +78,7 @@ def containers_of_pod(pod: Mapping[str, Any]) -> Iterator[ContainerRef]:
                 container_id=cid,
                 pod_uid=uid,
                 kind=kind,
+                compute_policy=compute_policy,
             )
 
 

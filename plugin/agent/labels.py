@@ -10,16 +10,23 @@ GPU: a container asking for a fraction (60 units) gets it from one GPU, so it
 fits here only if this is at least 60, however many units the node has free in
 total. It is the basis for fit-aware scheduling (a node affinity or a scheduler
 plugin can read it).
+
+``metagpu.io/enforces`` says which limits the node holds containers to at
+allocation (``memory.fixed`` under a supervised MPS daemon, empty otherwise), from
+the device plugin's board (:attr:`~plugin.agent.accounting.Snapshot.enforces`), so
+``kubectl get nodes -L metagpu.io/enforces`` shows where ``fixed`` means a cap.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from plugin.agent.accounting import Snapshot
 from plugin.api.resources import (
+    ENFORCES_SEPARATOR,
+    NODE_LABEL_ENFORCES,
     NODE_LABEL_GPU_COUNT,
     NODE_LABEL_GPU_MEMORY_MIB,
     NODE_LABEL_GPU_PRODUCT,
@@ -33,6 +40,7 @@ OWNED_LABELS: Final = (
     NODE_LABEL_GPU_MEMORY_MIB,
     NODE_LABEL_UNITS_PER_GPU,
     NODE_LABEL_LARGEST_FREE_UNITS,
+    NODE_LABEL_ENFORCES,
 )
 """Labels the agent writes and removes; it never touches any other label."""
 
@@ -52,6 +60,11 @@ def label_value(text: str) -> str:
     return value.strip("-_.")
 
 
+def enforces_value(enforces: Sequence[str]) -> str:
+    """The ``metagpu.io/enforces`` value: ``memory.fixed``, or empty for nothing."""
+    return ENFORCES_SEPARATOR.join(enforces)
+
+
 def desired_labels(snapshot: Snapshot) -> dict[str, str]:
     """The label values for this node now.
 
@@ -67,6 +80,7 @@ def desired_labels(snapshot: Snapshot) -> dict[str, str]:
         NODE_LABEL_LARGEST_FREE_UNITS: str(
             max((g.units_free for g in shared if g.healthy), default=0)
         ),
+        NODE_LABEL_ENFORCES: enforces_value(snapshot.enforces),
     }
     if shared:
         names = {g.name for g in shared}

@@ -112,6 +112,7 @@ def build_ledger(
         units_per_gpu=snapshot.units_per_gpu,
         gpus=tuple(entries),
         observed_at=observed_at,
+        enforces=snapshot.enforces if entries else (),
     )
 
 
@@ -126,8 +127,11 @@ def encode_ledger(ledger: NodeLedger, *, max_bytes: int = DEFAULT_LEDGER_MAX_BYT
     Raises ValueError when even one aggregate holder per GPU does not fit, which
     takes a ``max_bytes`` below a few hundred bytes per GPU.
     """
+    # ``enforces`` only where a node enforces something: an extender of an earlier
+    # release refuses fields it does not know, and would lose every node otherwise.
+    exclude = None if ledger.enforces else {"enforces"}
     for compact in (_as_is, _per_pod, _aggregate):
-        text = compact(ledger).model_dump_json()
+        text = compact(ledger).model_dump_json(exclude=exclude)
         if len(text.encode()) <= max_bytes:
             return text
     raise ValueError(

@@ -27,6 +27,33 @@ from typing import Final, Literal
 Policy = Literal["fixed", "balance", "none"]
 """The compute policies (``plugin.api.resources.COMPUTE_POLICIES``)."""
 
+Enforced = Literal["memory", "fixed"]
+"""What a node may hold a container to at allocation: its memory share
+(``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``) and the ``fixed`` SM cap
+(``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``). ``balance`` and ``none`` set no SM cap, so
+there is nothing of theirs to enforce beyond memory."""
+
+MpsMode = Literal["off", "unsupervised", "supervised"]
+"""How a node's device plugin serves MPS: ``off`` (time-sliced GPUs), ``unsupervised``
+(``mps.enabled``: containers get the limits, but a daemon someone else runs may or may
+not be there, and the GPUs stay in the ``DEFAULT`` compute mode), ``supervised``
+(``mps.supervise``: the plugin runs, watches and restarts the daemon, GPUs in
+``EXCLUSIVE_PROCESS``, withdrawn while it is down)."""
+
+ENFORCED_WHEN_SUPERVISED: Final[tuple[Enforced, ...]] = ("memory", "fixed")
+
+
+def enforced_by(mode: MpsMode) -> tuple[Enforced, ...]:
+    """What a node in ``mode`` enforces, in this fixed order (the label's value joins it).
+
+    Only ``supervised``: an unsupervised daemon's limits hold only while a daemon
+    nobody watches answers, and a process that ignores the pipe directory takes the
+    GPU unlimited (compute mode ``DEFAULT``), so they are advice, not enforcement.
+    While the supervised daemon is down its GPUs are offered to no new container, so
+    every container the node admits is still held to both limits."""
+    return ENFORCED_WHEN_SUPERVISED if mode == "supervised" else ()
+
+
 FULL_THREAD_PERCENTAGE: Final = 100
 """MPS's own default active thread percentage: no cap."""
 

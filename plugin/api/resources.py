@@ -56,6 +56,12 @@ NODE_LABEL_GPU_COUNT: Final = "metagpu.io/gpu-count"
 NODE_LABEL_GPU_MEMORY_MIB: Final = "metagpu.io/gpu-memory-mib"
 NODE_LABEL_UNITS_PER_GPU: Final = "metagpu.io/units-per-gpu"
 NODE_LABEL_LARGEST_FREE_UNITS: Final = "metagpu.io/largest-free-units"
+NODE_LABEL_ENFORCES: Final = "metagpu.io/enforces"
+"""What the node holds every container it admits to, at allocation: ``memory.fixed``
+(a supervised MPS daemon: memory share and the ``fixed`` SM cap) or empty (nothing:
+limits are advice, the agent's memory enforcement acts after the fact). Joined with
+``.`` because a label value cannot hold a comma."""
+ENFORCES_SEPARATOR: Final = "."
 
 # ------------------------------------------------------ container environment
 ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"

@@ -26,6 +26,7 @@ from typing import Final, Literal
 
 from pydantic import Field
 
+from plugin.api.limits import Enforced
 from plugin.api.resources import MAX_UNITS_PER_GPU
 from plugin.api.settings import StrictModel
 
@@ -97,6 +98,13 @@ class NodeLedger(StrictModel):
     gpus: tuple[GpuLedgerEntry, ...] = Field(default=(), max_length=MAX_LEDGER_GPUS)
     observed_at: str = ""
     """RFC 3339 time of the PodResources reading this ledger was built from."""
+    enforces: tuple[Enforced, ...] = ()
+    """What the node holds every container it admits to (``memory``, ``fixed``: a
+    supervised MPS daemon serves every GPU of it, so each GPU is in one mode, MPS).
+    Absent from ledgers of earlier agents and of nodes that enforce nothing, which
+    then mean exactly that: the extender sends no ``fixed`` pod there. Written only
+    when not empty (:func:`plugin.agent.ledger.encode_ledger`), so an extender of an
+    earlier release still reads the ledgers of nodes without MPS."""
 
 
 class ContainerAssignment(StrictModel):

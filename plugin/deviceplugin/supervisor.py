@@ -66,7 +66,7 @@ from plugin.gpu.health import HealthPolicy, RecoveryChecks
 from plugin.gpu.health_file import REFRESH_INTERVAL_S, BoardPublisher, health_file_path
 from plugin.gpu.health_monitor import HealthBoard, HealthMonitor
 from plugin.gpu.identity import GpuIdentityBook
-from plugin.gpu.mps import Backoff, MpsGpu
+from plugin.gpu.mps import Backoff, MpsGpu, MpsNode
 from plugin.gpu.mps_control import MpsControl
 from plugin.gpu.mps_supervisor import MpsSupervisor
 from plugin.placement.devices import (
@@ -474,6 +474,10 @@ class Supervisor:
         logger.info("GPU backend: %s", getattr(backend, "kind", type(backend).__name__))
         if mps is None:
             mps = _mps_supervisor(config, backend, self.board)
+        if mps is None:
+            # The supervised daemon publishes its own state when it serves; without
+            # one the agent must still learn that nothing is enforced here.
+            self.board.set_mps_node(MpsNode(mode="unsupervised" if config.mps.enabled else "off"))
         return _Node(
             config=config,
             backend=backend,

@@ -46,6 +46,10 @@ class PodAsk:
 
     containers: tuple[ContainerRequest, ...]
     policy: AllocationPolicy
+    sm_cap: bool = False
+    """The pod's compute policy is ``fixed``: only a node that caps SMs may take it
+    (:func:`cap_refusal`). Placement never reads it: the check is the node's, made
+    before placement on the filter's and bind's paths alike."""
 
     @property
     def units(self) -> int:
@@ -148,6 +152,7 @@ def _sized(ask: PodAsk) -> PodAsk:
     return PodAsk(
         tuple(replace(c, name=_placeholder(pos)) for pos, c in enumerate(ask.containers)),
         ask.policy,
+        ask.sm_cap,
     )
 
 
@@ -174,6 +179,40 @@ def container_name(ask: PodAsk, placed_name: str) -> str:
 
 
 _POSITIONS = tuple(str(n) for n in range(1024))
+
+
+FIXED_NEEDS_CAP = (
+    "metagpu.io/compute-policy fixed needs a node that caps SMs "
+    "(metagpu.io/enforces=memory.fixed: a supervised MPS daemon); this one does not"
+)
+"""One sentence for every such node, so kube-scheduler counts them as one reason."""
+
+
+def cap_refusal(ask: PodAsk, enforces: frozenset[str] | None) -> str | None:
+    """Why a node that enforces ``enforces`` may not take the pod, before placement
+    (None: it may, or its ledger is unusable and placement says why)."""
+    if not ask.sm_cap or enforces is None or "fixed" in enforces:
+        return None
+    return FIXED_NEEDS_CAP
+
+
+def capable_nodes(
+    ask: PodAsk, names: Sequence[str], ledger: Ledger
+) -> tuple[list[str], dict[str, str]]:
+    """``names`` split into the nodes placement may decide and those refused by
+    :func:`cap_refusal` (with its words). The filter runs it before both its paths,
+    node by node and over arrays, so they give the same answer."""
+    if not ask.sm_cap:
+        return list(names), {}
+    kept: list[str] = []
+    refused: dict[str, str] = {}
+    for name in names:
+        why = cap_refusal(ask, ledger.enforces(name))
+        if why is None:
+            kept.append(name)
+        else:
+            refused[name] = why
+    return kept, refused
 
 
 def decide(
@@ -326,6 +365,9 @@ def bind_decision(
     a preemptor are free to that pod and to pods of higher ``priority`` only
     (:meth:`Ledger.view_for`).
     """
+    refused = cap_refusal(ask, ledger.enforces(node))
+    if refused is not None:
+        return refused
     previous = ledger.forget(pod_uid)
     try:
         view = ledger.view_for(node, pod_uid=pod_uid, priority=priority)

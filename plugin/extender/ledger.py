@@ -138,6 +138,9 @@ class _Node:
     """(GPU position, pod UID, units, namespace, pod) per pod and GPU, as reported."""
     generation: int = 0
     view: NodeView | None = None
+    enforces: frozenset[str] = frozenset()
+    """What the node holds every container to (``memory``, ``fixed``); empty when its
+    ledger does not say (an earlier agent, a node without a supervised MPS daemon)."""
 
 
 class Ledger:
@@ -173,6 +176,7 @@ class Ledger:
         before = node.reported
         node.raw = annotation
         node.gpus, node.problem, node.reported, node.holdings = None, None, frozenset(), ()
+        node.enforces = frozenset()
         if annotation is None:
             node.problem = NO_LEDGER
         else:
@@ -191,6 +195,7 @@ class Ledger:
                     )
                 else:
                     node.units_per_gpu = ledger.units_per_gpu
+                    node.enforces = frozenset(ledger.enforces)
                     node.gpus = tuple(
                         (g.uuid, g.units, g.used, g.healthy, g.numa)
                         for g in sorted(ledger.gpus, key=lambda g: g.index)
@@ -209,6 +214,14 @@ class Ledger:
         for uid in node.reported:
             self._settled.add(uid)
         self._touch(name)
+
+    def enforces(self, name: str) -> frozenset[str] | None:
+        """What ``name`` holds containers to, or None when its ledger is missing or
+        unusable (then placement says why, as for any pod)."""
+        node = self._nodes.get(name)
+        if node is None or node.gpus is None:
+            return None
+        return node.enforces
 
     def drop_node(self, name: str) -> None:
         """The Node object is gone."""

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from plugin.api.config import AllocationPolicy
+from plugin.api.resources import ANNOTATION_COMPUTE_POLICY
 from plugin.extender.budgets import BudgetBook
 from plugin.extender.bulk import BulkDecisions
 from plugin.extender.config import PreemptionConfig
@@ -23,6 +24,8 @@ from plugin.extender.decision import (
     PlacementMemo,
     PodAsk,
     bind_decision,
+    cap_refusal,
+    capable_nodes,
     decide,
     filter_nodes,
     prioritize,
@@ -121,7 +124,12 @@ class ExtenderCore:
         )
         if warning:
             logger.warning(warning, extra={"namespace": namespace, "pod": meta.get("name")})
-        ask = PodAsk(container_requests(pod, resource=self.resource), policy)
+        annotations = meta.get("annotations") or {}
+        fixed = (
+            isinstance(annotations, Mapping)
+            and annotations.get(ANNOTATION_COMPUTE_POLICY) == "fixed"
+        )
+        ask = PodAsk(container_requests(pod, resource=self.resource), policy, fixed)
         # One object per distinct ask: the pods of a workload ask alike, and the asks
         # remembered for bind are then a few objects for the collector, not thousands.
         ask = self._distinct_asks.setdefault(ask, ask)
@@ -151,12 +159,18 @@ class ExtenderCore:
             ask = self.ask_of(args.Pod)
         except PodSpecError as exc:
             return filter_result(args, (), {}, error=f"cannot read the pod's request: {exc}")
+        # A node that cannot cap a fixed pod is refused before placement, for both
+        # paths alike; preemption cannot help there, so it is unresolvable.
+        names, uncapped = capable_nodes(ask, names, self.ledger)
         outcome = self.bulk.filter(ask, names) if self.bulk is not None else None
         if outcome is None:
             outcome = filter_nodes(ask, names, self.ledger, self.memo)
         outcome = self._through_nominations(ask, args.Pod, outcome)
         return filter_result(
-            args, outcome.passed, outcome.failed, unresolvable=outcome.unresolvable
+            args,
+            outcome.passed,
+            outcome.failed,
+            unresolvable={**outcome.unresolvable, **uncapped},
         )
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
@@ -257,6 +271,8 @@ class ExtenderCore:
             return {"NodeNameToMetaVictims": answer}
         spared = self.book.spared(now)
         for node, (offered, offered_violations) in args.offered().items():
+            if cap_refusal(ask, self.ledger.enforces(node)) is not None:
+                continue  # no victim makes a node cap SMs
             plan = select_victims(
                 ask,
                 preemptor,

@@ -38,14 +38,16 @@ import logging
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, get_args
+from typing import Any, Final, cast, get_args
 
 from plugin.api.gpus import GpuInfo
+from plugin.api.limits import MpsMode
 from plugin.api.provenance import ProvenanceError, Stamp, Writer, current_writer
 from plugin.gpu.health import HEALTHY, UNHEALTHY, Check, GpuHealth
 from plugin.gpu.health_monitor import HealthBoard
+from plugin.gpu.mps import MpsNode, MpsState, MpsStatus
 
 # Logged under the plugin's health logger: a failed publish is a health matter.
 logger = logging.getLogger("plugin.health_monitor")
@@ -59,6 +61,8 @@ VALID_FOR_S: Final = 30.0
 """The freshness bound written into the board: three refreshes, so one slow
 write (a busy node, a blocked event loop) does not make the agent drop it."""
 _CHECKS: Final = frozenset(get_args(Check))
+_MPS_MODES: Final = frozenset(get_args(MpsMode))
+_MPS_STATES: Final = frozenset(get_args(MpsState))
 """Every value of :data:`plugin.gpu.health.Check` (one list, not a copy that can drift)."""
 
 
@@ -83,6 +87,9 @@ class PublishedBoard:
     stamp: Stamp | None = None
     """Who wrote it and for how long it holds; None from a release without stamps
     (never current, see :func:`plugin.api.provenance.judge`)."""
+    mps: MpsNode = field(default_factory=MpsNode)
+    """How the plugin serves MPS (``mode: off`` from a release that did not say:
+    nothing is enforced there)."""
 
     def by_uuid(self) -> dict[str, PublishedGpu]:
         return {g.info.uuid: g for g in self.gpus}
@@ -99,9 +106,11 @@ def board_document(
     *,
     written_at: float,
     stamp: Stamp | None = None,
+    mps: MpsNode | None = None,
 ) -> dict[str, Any]:
     """The JSON document for a board (pure); ``stamp`` adds its provenance
-    (``writer``, ``validForS``; its ``written_at`` is the document's)."""
+    (``writer``, ``validForS``; its ``written_at`` is the document's); ``mps`` the
+    node's MPS (:func:`mps_document`)."""
     items = []
     for uuid, info in sorted(infos.items(), key=lambda kv: (kv[1].index, kv[0])):
         health = records[uuid]
@@ -128,10 +137,47 @@ def board_document(
         "kind": KIND,
         "writtenAt": written_at,
         "gpus": items,
+        "mps": mps_document(mps or MpsNode()),
     }
     if stamp is not None:
         document |= stamp.to_json() | {"writtenAt": written_at}
     return document
+
+
+def mps_document(node: MpsNode) -> dict[str, Any]:
+    """The board's ``mps`` section: the mode, what the node enforces, and the
+    supervised daemon's status (``daemon``, absent unless supervised)."""
+    document: dict[str, Any] = {"mode": node.mode, "enforces": list(node.enforces)}
+    status = node.status
+    if status is not None:
+        document["daemon"] = {
+            "state": status.state,
+            "reason": status.reason,
+            "restarts": status.restarts,
+            "since": status.since,
+            "serverPids": list(status.server_pids),
+        }
+    return document
+
+
+def parse_mps(data: object) -> MpsNode:
+    """The ``mps`` section (absent or unknown mode: ``off``, nothing enforced)."""
+    if not isinstance(data, Mapping):
+        return MpsNode()
+    mode = data.get("mode")
+    if mode not in _MPS_MODES:
+        return MpsNode()
+    daemon = data.get("daemon")
+    status = None
+    if isinstance(daemon, Mapping) and daemon.get("state") in _MPS_STATES:
+        status = MpsStatus(
+            state=daemon["state"],
+            reason=str(daemon.get("reason", "")),
+            restarts=int(daemon.get("restarts", 0)),
+            since=float(daemon.get("since", 0.0)),
+            server_pids=tuple(int(p) for p in daemon.get("serverPids") or ()),
+        )
+    return MpsNode(mode=cast(MpsMode, mode), status=status)
 
 
 def write_board(path: Path, document: Mapping[str, Any]) -> None:
@@ -160,7 +206,12 @@ def parse_board(data: object) -> PublishedBoard:
             )
         gpus = tuple(_gpu(item) for item in data["gpus"])
         stamp = Stamp.from_json(data)
-        return PublishedBoard(written_at=float(data["writtenAt"]), gpus=gpus, stamp=stamp)
+        return PublishedBoard(
+            written_at=float(data["writtenAt"]),
+            gpus=gpus,
+            stamp=stamp,
+            mps=parse_mps(data.get("mps")),
+        )
     except ProvenanceError as exc:
         raise HealthFileError(str(exc)) from exc
     except (KeyError, TypeError, ValueError) as exc:
@@ -259,7 +310,12 @@ class BoardPublisher:
             else Stamp(writer=self.writer, written_at=written_at, valid_for_s=self.valid_for_s)
         )
         document = board_document(
-            board.gpus, board.records(), liveness, written_at=written_at, stamp=stamp
+            board.gpus,
+            board.records(),
+            liveness,
+            written_at=written_at,
+            stamp=stamp,
+            mps=board.mps_node,
         )
         try:
             write_board(self.path, document)

@@ -39,6 +39,7 @@ from plugin.gpu.health import (
     HealthPolicy,
     memory_problems,
 )
+from plugin.gpu.mps import MpsNode
 
 # The name it had before plugin/ was split by concern: log lines (text and JSON
 # show the logger) and any logging config that names it stay as they were.
@@ -89,6 +90,7 @@ class HealthBoard:
         """GPU UUID → why the supervised MPS control daemon cannot serve it now
         (:mod:`plugin.gpu.mps_supervisor`). Not a fault of the GPU either: it ends
         when the daemon answers again, and no probe heals it."""
+        self._mps_node = MpsNode()
 
     def snapshot(self) -> HealthSnapshot:
         unhealthy = dict(self.ledger.unhealthy())
@@ -125,6 +127,19 @@ class HealthBoard:
             self._since[uuid] = now
         self._mps = dict(reasons)
         self._bump()
+
+    @property
+    def mps_node(self) -> MpsNode:
+        """How this node serves MPS and its daemon's status, for the board file."""
+        return self._mps_node
+
+    def set_mps_node(self, node: MpsNode) -> None:
+        """Listeners hear of a change (the board file); no record changes with it, so
+        ListAndWatch streams are not woken."""
+        if node == self._mps_node:
+            return
+        self._mps_node = node
+        self._notify()
 
     @property
     def foreign(self) -> Mapping[str, str]:

@@ -34,7 +34,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from plugin.api.limits import FULL_THREAD_PERCENTAGE, pinned_limit_value
+from plugin.api.limits import (
+    FULL_THREAD_PERCENTAGE,
+    Enforced,
+    MpsMode,
+    enforced_by,
+    pinned_limit_value,
+)
 
 PID_FILE_NAME: Final = "nvidia-cuda-mps-control.pid"
 """Written by the control daemon into its pipe directory (MPS docs, "Utilities and Daemons")."""
@@ -182,6 +188,26 @@ class MpsStatus:
     """Wall-clock time (Unix seconds) of the last state change."""
     server_pids: tuple[int, ...] = ()
     """The MPS servers at the last ask."""
+
+
+@dataclass(frozen=True)
+class MpsNode:
+    """The node's MPS as the board file publishes it for the node agent (labels,
+    ledger, metrics, mgctl): how the plugin serves MPS and, when it supervises the
+    daemon, the daemon's status."""
+
+    mode: MpsMode = "off"
+    status: MpsStatus | None = None
+    """The supervised daemon (None unless ``mode`` is ``supervised``)."""
+
+    @property
+    def enforces(self) -> tuple[Enforced, ...]:
+        """What containers this node admits are held to. A stopped daemon (the plugin
+        exiting, or reloading into another MPS setting) no longer withdraws its GPUs
+        and has restored their compute mode: nothing."""
+        if self.status is not None and self.status.state == "stopped":
+            return ()
+        return enforced_by(self.mode)
 
 
 def down_reason(detail: str, *, retry_in_s: float | None) -> str:

@@ -49,6 +49,7 @@ from plugin.gpu.mps import (
     QUIT,
     Backoff,
     MpsGpu,
+    MpsNode,
     MpsReplyError,
     MpsStatus,
     check_default,
@@ -398,7 +399,9 @@ class MpsSupervisor:
 
     def _publish(self) -> None:
         """The board's ``mps`` withdrawals: every GPU while the daemon is not up, else
-        the GPUs whose compute mode could not be set."""
+        the GPUs whose compute mode could not be set; and the daemon's status for the
+        node agent (what the node enforces, daemon up and restarts)."""
+        self._board.set_mps_node(MpsNode(mode="supervised", status=self.status))
         uuids = [g.uuid for g in self._gpus]
         if self.status.state == "up":
             reasons = {u: r for u, r in self._mode_failures.items() if u in uuids}

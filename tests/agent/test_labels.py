@@ -8,6 +8,7 @@ from plugin.agent.accounting import Allocation, build_snapshot
 from plugin.agent.containers import PodIndex
 from plugin.agent.labels import desired_labels, label_patch, label_value
 from plugin.api.resources import (
+    NODE_LABEL_ENFORCES,
     NODE_LABEL_GPU_COUNT,
     NODE_LABEL_GPU_MEMORY_MIB,
     NODE_LABEL_GPU_PRODUCT,
@@ -15,6 +16,7 @@ from plugin.api.resources import (
     NODE_LABEL_UNITS_PER_GPU,
 )
 from plugin.gpu.backend import GpuInfo
+from plugin.gpu.mps import MpsNode, MpsStatus
 from tests.agent.builders import gpu, gpu_uuid, key, reading
 
 R = "cnvrg.io/metagpu"
@@ -34,7 +36,9 @@ def test_label_value(text: str, expected: str) -> None:
     assert label_value(text) == expected
 
 
-def labels_for(gpus: list[GpuInfo], allocations: list[Allocation]) -> dict[str, str]:
+def labels_for(
+    gpus: list[GpuInfo], allocations: list[Allocation], *, mps: MpsNode | None = None
+) -> dict[str, str]:
     snap = build_snapshot(
         [reading(g) for g in gpus],
         allocations,
@@ -44,6 +48,7 @@ def labels_for(gpus: list[GpuInfo], allocations: list[Allocation]) -> dict[str, 
         gpu_resources={g.uuid: R for g in gpus if not g.mig_enabled},
         resources=[R],
         taken_at=0,
+        mps=mps,
     )
     return desired_labels(snap)
 
@@ -74,7 +79,32 @@ def test_homogeneous_node() -> None:
         NODE_LABEL_GPU_MEMORY_MIB: "81920",
         NODE_LABEL_UNITS_PER_GPU: "100",
         NODE_LABEL_LARGEST_FREE_UNITS: "100",
+        NODE_LABEL_ENFORCES: "",
     }
+
+
+@pytest.mark.parametrize(
+    ("mps", "value"),
+    [
+        pytest.param(None, "", id="no-board-section-nothing"),
+        pytest.param(MpsNode(mode="unsupervised"), "", id="someone-elses-daemon-advice-only"),
+        pytest.param(
+            MpsNode(mode="supervised", status=MpsStatus(state="up")),
+            "memory.fixed",
+            id="supervised",
+        ),
+        pytest.param(
+            MpsNode(mode="supervised", status=MpsStatus(state="down", reason="gone")),
+            "memory.fixed",
+            id="supervised-down-admits-nobody",
+        ),
+    ],
+)
+def test_the_node_says_what_it_enforces(mps: MpsNode | None, value: str) -> None:
+    """Issue 28: a valid label value (a comma is not), empty for nothing."""
+    got = labels_for([gpu(0)], [], mps=mps)[NODE_LABEL_ENFORCES]
+    assert got == value
+    assert label_value(got) == got
 
 
 def test_mixed_node_reports_smallest_memory() -> None:

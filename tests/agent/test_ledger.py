@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from plugin.agent.permissions import PERMISSIONS
 from plugin.api.config import PluginConfig
 from plugin.api.permissions import verb_set
 from plugin.api.scheduling import ANNOTATION_GPU_LEDGER, NodeLedger
+from plugin.gpu.mps import MpsNode, MpsStatus
 from tests.agent.builders import A100, gpu, gpu_uuid, index_of, key, pod, pod_uid, reading
 from tests.agent.helpers import eventually
 from tests.harness.kube_api import FakeKubeApi
@@ -309,3 +311,23 @@ async def test_a_stale_podresources_read_publishes_nothing(
             assert node_ledger(fake) is None  # not "nothing allocated": unknown
             kubelet.fail_with = None
             await eventually(lambda: node_ledger(fake) is not None, what="written once readable")
+
+
+def test_the_ledger_says_what_the_node_enforces_and_stays_readable_to_older_extenders() -> None:
+    """Issue 28: the extender sends ``fixed`` pods only to nodes whose ledger says they
+    cap SMs. A node that enforces nothing writes the ledger as before (no new field), so
+    an extender of an earlier release, which refuses unknown fields, still reads it; a
+    ledger without the field means nothing is enforced."""
+    plain = snapshot_of([])
+    text = encode_ledger(
+        build_ledger(plain, resource=R, id_strategy="uuid", pod_uid=lambda *_: None)
+    )
+    assert "enforces" not in json.loads(text)
+    assert NodeLedger.model_validate_json(text).enforces == ()
+
+    supervised = replace(plain, mps=MpsNode(mode="supervised", status=MpsStatus(state="up")))
+    built = build_ledger(supervised, resource=R, id_strategy="uuid", pod_uid=lambda *_: None)
+    assert built.enforces == ("memory", "fixed")
+    text = encode_ledger(built)
+    assert json.loads(text)["enforces"] == ["memory", "fixed"]
+    assert NodeLedger.model_validate_json(text) == built

@@ -14,6 +14,7 @@ from certs.kube import open_api_client
 from plugin.agent.kube import NodeLabeler
 from plugin.agent.labels import OWNED_LABELS, full_label_patch
 from plugin.api.resources import (
+    NODE_LABEL_ENFORCES,
     NODE_LABEL_GPU_COUNT,
     NODE_LABEL_GPU_MEMORY_MIB,
     NODE_LABEL_GPU_PRODUCT,
@@ -54,6 +55,7 @@ def test_full_label_patch_names_every_owned_label() -> None:
         NODE_LABEL_GPU_MEMORY_MIB: None,
         NODE_LABEL_UNITS_PER_GPU: "100",
         NODE_LABEL_LARGEST_FREE_UNITS: "0",
+        NODE_LABEL_ENFORCES: None,
     }
     assert set(full_label_patch({})) == set(OWNED_LABELS)
 

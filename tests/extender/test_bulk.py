@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plugin.extender.bulk import BulkDecisions
-from plugin.extender.decision import filter_nodes
+from plugin.extender.decision import FIXED_NEEDS_CAP, filter_nodes
 from plugin.extender.ledger import NO_LEDGER
 from plugin.extender.matrix import MAX_NUMA_COLUMNS, NodeMatrix
 from plugin.extender.protocol import parse_args
@@ -46,7 +46,10 @@ def node_texts(draw: st.DrawFn, name: str) -> str | None:
     )
     unhealthy = draw(st.lists(st.integers(0, max(count - 1, 0)), max_size=2)) if count else []
     numa = draw(st.lists(st.sampled_from([None, 0, 1, 2]), min_size=count, max_size=count))
-    return ledger(used, units=upg, unhealthy=unhealthy, numa=numa, node=name).model_dump_json()
+    node = ledger(used, units=upg, unhealthy=unhealthy, numa=numa, node=name)
+    if draw(st.booleans()):  # a supervised MPS node: a fixed pod may go there
+        node = node.model_copy(update={"enforces": ("memory", "fixed")})
+    return node.model_dump_json()
 
 
 operations = st.one_of(
@@ -75,7 +78,10 @@ def asks(draw: st.DrawFn, uid: str) -> dict[str, Any]:
     """Mostly one container; often init containers (reused), sidecars, several apps."""
     policy = draw(st.sampled_from(["binpack", "spread"]))
     if draw(st.booleans()):
-        return ask_pod(draw(st.integers(1, 320)), policy, extra=draw(st.booleans()), uid=uid)
+        asked = ask_pod(draw(st.integers(1, 320)), policy, extra=draw(st.booleans()), uid=uid)
+        if draw(st.booleans()):
+            asked["metadata"]["annotations"]["metagpu.io/compute-policy"] = "fixed"
+        return asked
     sizes = st.one_of(st.integers(0, 250), st.sampled_from([0, 10, 100, 200]))
     return pod(
         *draw(st.lists(sizes, min_size=1, max_size=3)),
@@ -349,3 +355,39 @@ def test_an_oversized_or_odd_ledger_refuses_that_node_only() -> None:
     assert result["NodeNames"] == ["ok"]
     assert set(result["FailedAndUnresolvableNodes"]) == {"huge", "odd"}
     assert "cannot be read" in result["FailedAndUnresolvableNodes"]["huge"]
+
+
+def test_a_fixed_pod_is_refused_where_nothing_caps_it_on_both_paths() -> None:
+    """Issue 28: ``fixed`` only where a supervised MPS daemon caps SMs, with a reason the
+    scheduler counts once; preemption cannot help there (unresolvable)."""
+    cores = [ExtenderCore(resource=RESOURCE), ExtenderCore(resource=RESOURCE, bulk=False)]
+    capped = ledger([0], node="mps").model_copy(update={"enforces": ("memory", "fixed")})
+    for core in cores:
+        core.ledger.set_node("mps", capped.model_dump_json())
+        core.ledger.set_node("plain", ledger([0], node="plain").model_dump_json())
+        core.ledger.set_node("old", ledger([0], node="old").model_dump_json())
+    fixed = pod(50, annotations={"metagpu.io/compute-policy": "fixed"})
+    balance = pod(50, annotations={"metagpu.io/compute-policy": "balance"})
+    names = ["mps", "plain", "old", "unknown"]
+    answers = []
+    for core in cores:
+        result = core.filter(parse_args({"Pod": fixed, "NodeNames": names}))
+        assert result["NodeNames"] == ["mps"]
+        assert result["FailedNodes"] == {}
+        unresolvable = result["FailedAndUnresolvableNodes"]
+        assert unresolvable["plain"] == unresolvable["old"] == FIXED_NEEDS_CAP
+        assert unresolvable["unknown"] == NO_LEDGER
+        answers.append(result)
+        other = core.filter(parse_args({"Pod": balance, "NodeNames": names}))
+        assert other["NodeNames"] == ["mps", "plain", "old"]
+        # bind refuses it too (a node's ledger may change between filter and bind)
+        refused = core.decide_bind(
+            core.ask_of(fixed), node="plain", pod_uid="uid-p", namespace="ns", pod="p", now=0.0
+        )
+        assert refused == FIXED_NEEDS_CAP
+        bound = core.decide_bind(
+            core.ask_of(fixed), node="mps", pod_uid="uid-p", namespace="ns", pod="p", now=0.0
+        )
+        assert not isinstance(bound, str)
+    assert answers[0] == answers[1]
+    assert "metagpu.io/enforces=memory.fixed" in FIXED_NEEDS_CAP

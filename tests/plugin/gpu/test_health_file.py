@@ -23,6 +23,7 @@ from plugin.gpu.health_file import (
     read_board,
 )
 from plugin.gpu.health_monitor import HealthBoard
+from plugin.gpu.mps import MpsNode, MpsStatus
 from tests.plugin.builders import gpu, uuid_for
 from tests.plugin.conftest import running_plugin
 
@@ -187,3 +188,50 @@ async def eventually_board(
             return board
         assert asyncio.get_running_loop().time() < deadline, "the board never got there"
         await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("node", "enforces"),
+    [
+        pytest.param(MpsNode(), [], id="off"),
+        pytest.param(MpsNode(mode="unsupervised"), [], id="someone-elses-daemon"),
+        pytest.param(
+            MpsNode(mode="supervised", status=MpsStatus(state="down", reason="gone", restarts=2)),
+            ["memory", "fixed"],
+            id="supervised-down-still-admits-nobody-unlimited",
+        ),
+        pytest.param(
+            MpsNode(mode="supervised", status=MpsStatus(state="stopped")), [], id="stopped"
+        ),
+    ],
+)
+def test_the_board_says_what_the_node_enforces(
+    tmp_path: Path, node: MpsNode, enforces: list[str]
+) -> None:
+    path = tmp_path / HEALTH_FILE_NAME
+    board = HealthBoard(wall=lambda: 1_700_000_000.0)
+    board.add_listener(BoardPublisher(path))
+    board.set_gpus([gpu(0)])
+    board.set_mps_node(node)
+    assert json.loads(path.read_text())["mps"]["enforces"] == enforces
+    published = read_board(path)
+    assert published is not None
+    assert published.mps == node
+
+
+def test_a_board_without_mps_means_nothing_is_enforced(tmp_path: Path) -> None:
+    """Boards of releases before the ``mps`` section, and modes this reader does not know."""
+    path = tmp_path / HEALTH_FILE_NAME
+    board = HealthBoard(wall=lambda: 1_700_000_000.0)
+    board.add_listener(BoardPublisher(path))
+    board.set_gpus([gpu(0)])
+    for section in (None, {"mode": "from-the-future", "enforces": ["memory"]}):
+        document = json.loads(path.read_text())
+        document.pop("mps", None)
+        if section is not None:
+            document["mps"] = section
+        path.write_text(json.dumps(document))
+        published = read_board(path)
+        assert published is not None
+        assert published.mps == MpsNode()
+        assert published.mps.enforces == ()

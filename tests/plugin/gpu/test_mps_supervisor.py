@@ -166,8 +166,14 @@ async def test_killed_daemon_withdraws_gpus_then_restarts_with_defaults(short_di
         assert "restarting in" in withdrawn[UUID_A]
         assert board.snapshot().unhealthy.keys() >= {UUID_A, UUID_B}
 
+        assert board.mps_node.status is not None
+        assert board.mps_node.enforces == ("memory", "fixed")  # nothing is admitted unlimited
+
         await until(sup, lambda: sup.status.state == "up")
         assert sup.status.restarts == 1
+        # what the board file tells the node agent (daemon up, restarts)
+        assert board.mps_node.mode == "supervised"
+        assert board.mps_node.status == sup.status
         second = control.daemon_pid()
         assert second is not None
         assert second != first
@@ -178,6 +184,7 @@ async def test_killed_daemon_withdraws_gpus_then_restarts_with_defaults(short_di
         assert gpus.compute_mode(UUID_A) == "Exclusive_Process"
     assert control.daemon_pid() is None
     assert gpus.compute_mode(UUID_A) == "Default"
+    assert board.mps_node.enforces == ()  # stopped: its GPUs are DEFAULT again
 
 
 async def test_records_show_the_mps_check(short_dir: Path) -> None:
