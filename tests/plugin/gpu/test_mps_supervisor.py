@@ -184,7 +184,7 @@ async def test_killed_daemon_withdraws_gpus_then_restarts_with_defaults(short_di
         assert gpus.compute_mode(UUID_A) == "Exclusive_Process"
     assert control.daemon_pid() is None
     assert gpus.compute_mode(UUID_A) == "Default"
-    assert board.mps_node.enforces == ()  # stopped: its GPUs are DEFAULT again
+    assert not board.mps_node.enforces  # stopped: its GPUs are DEFAULT again
 
 
 async def test_records_show_the_mps_check(short_dir: Path) -> None:
