@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from plugin.agent.accounting import MIB, Snapshot
 from plugin.agent.enforcement import ENFORCEMENT_ACTIONS, EnforcementRecord
+from plugin.api.limits import ENFORCED_WHEN_SUPERVISED
 
 PREFIX: Final = "metagpu"
 GPU_LABELS: Final = ("gpu_uuid", "gpu_index", "gpu_model", "resource")
@@ -98,6 +99,44 @@ class AgentMetrics:
     def render(self) -> bytes:
         """The text exposition format, as ``/metrics`` serves it."""
         return generate_latest(self.registry)
+
+
+def mps_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """The node's MPS (the device plugin's board): what it enforces, and the supervised
+    daemon's state and restarts (only while the plugin supervises one)."""
+    mps = snapshot.mps
+    info = GaugeMetricFamily(
+        f"{PREFIX}_mps_info",
+        "Always 1; mode is off (time-sliced GPUs), unsupervised (mps.enabled: limits "
+        "handed out, nobody watches the daemon) or supervised (mps.supervise).",
+        labels=("mode",),
+    )
+    info.add_metric((mps.mode,), 1)
+    enforced = GaugeMetricFamily(
+        f"{PREFIX}_node_limit_enforced",
+        "1 if the node holds every container it admits to the limit at allocation "
+        "(memory: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; fixed: the SM cap), else 0 (advice); "
+        "the node label metagpu.io/enforces says the same.",
+        labels=("limit",),
+    )
+    for limit in ENFORCED_WHEN_SUPERVISED:
+        enforced.add_metric((limit,), 1 if limit in snapshot.enforces else 0)
+    yield from (info, enforced)
+    if mps.mode != "supervised" or mps.status is None:
+        return
+    up = GaugeMetricFamily(
+        f"{PREFIX}_mps_daemon_up",
+        "1 while the supervised MPS control daemon answers; 0 while it is starting, down "
+        "or restarting (its GPUs are then withdrawn, check mps).",
+        labels=("state",),
+    )
+    up.add_metric((mps.status.state,), 1 if mps.status.state == "up" else 0)
+    restarts = CounterMetricFamily(
+        f"{PREFIX}_mps_daemon_restarts",
+        "Restarts of the supervised MPS control daemon since the device plugin started.",
+    )
+    restarts.add_metric((), mps.status.restarts)
+    yield from (up, restarts)
 
 
 def build_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -189,6 +228,7 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
             foreign.add_metric((*values, other), 1)
     yield from (units_total, units_alloc, mem_total, mem_used, unattributed, util, healthy, procs)
     yield from (health_info, liveness, units_free, foreign, advertised)
+    yield from mps_families(snapshot)
 
     c_units = gauge("container_units", "Units of the GPU the container holds.", CONTAINER_LABELS)
     c_limit = gauge(
@@ -214,6 +254,20 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
         "1 while the container uses more GPU memory than its share allows.",
         CONTAINER_LABELS,
     )
+    c_sm = gauge(
+        "container_sm_limit_ratio",
+        "The SM cap of a fixed container's share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / 100, "
+        "plugin.api.limits); absent for balance and none, which have no cap.",
+        CONTAINER_LABELS,
+    )
+    c_enforced = gauge(
+        "container_limit_enforced",
+        "1 where the node holds the container to the limit at allocation (a supervised MPS "
+        "daemon), 0 where it is advice (memory: the agent reports or kills after the fact; "
+        "sm: nothing caps it). limit is memory or sm (sm only for fixed containers).",
+        (*CONTAINER_LABELS, "limit"),
+    )
+    enforces = snapshot.enforces
     for s in snapshot.shares:
         values = (
             s.key.namespace,
@@ -227,11 +281,16 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
         if s.allocated:
             c_limit.add_metric(values, s.memory_limit_mib * MIB)
             c_over.add_metric(values, 1 if s.over_limit else 0)
+            c_enforced.add_metric((*values, "memory"), 1 if "memory" in enforces else 0)
+            cap = s.thread_percentage
+            if cap is not None:
+                c_sm.add_metric(values, cap / 100)
+                c_enforced.add_metric((*values, "sm"), 1 if "fixed" in enforces else 0)
         c_used.add_metric(values, s.memory_used_mib * MIB)
         if s.utilization_percent is not None:
             c_util.add_metric(values, s.utilization_percent / 100)
         c_procs.add_metric(values, len(s.pids))
-    yield from (c_units, c_limit, c_used, c_util, c_procs, c_over)
+    yield from (c_units, c_limit, c_used, c_util, c_procs, c_over, c_sm, c_enforced)
 
     conflict = gauge(
         "share_conflict",

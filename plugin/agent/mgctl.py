@@ -221,6 +221,48 @@ def fmt_share(item: Json) -> str:
     return "{} units ({:g}%)".format(units, item.get("sharePercent") or 0)
 
 
+def fmt_limits(item: Json) -> str:
+    """``mem enforced, sm 25% enforced``: each limit of a share and whether the node
+    holds the container to it (``advisory`` where it does not); ``sm no cap`` for
+    ``balance`` and ``none``; ``-`` for usage without a share."""
+    limits = item.get("limits")
+    if not isinstance(limits, dict):
+        return "-"
+    memory = limits.get("memory") or {}
+    words = ["mem " + ("enforced" if memory.get("enforced") else "advisory")]
+    sm = limits.get("sm")
+    if isinstance(sm, dict):
+        words.append(
+            "sm {}% {}".format(sm.get("percent"), "enforced" if sm.get("enforced") else "advisory")
+        )
+    elif item.get("computePolicy"):
+        words.append("sm no cap")
+    return ", ".join(words)
+
+
+def describe_mps(doc: Json) -> str | None:
+    """The node's MPS in one line (None on a node without MPS: the LIMITS column
+    already says every limit there is advisory)."""
+    mps = doc.get("mps") or {}
+    mode = mps.get("mode")
+    if not mode or mode == "off":
+        return None
+    enforces = ", ".join(mps.get("enforces") or []) or "nothing"
+    if mode == "unsupervised":
+        return (
+            "MPS: unsupervised (nobody watches the daemon; GPUs in DEFAULT compute mode): "
+            "enforces " + enforces
+        )
+    daemon = mps.get("daemon") or {}
+    state = daemon.get("state") or "?"
+    line = "MPS: supervised daemon {} ({} restart(s)): enforces {}".format(
+        state, daemon.get("restarts", 0), enforces
+    )
+    if state != "up" and daemon.get("reason"):
+        line += "\n  " + str(daemon["reason"])
+    return line
+
+
 def render_table(
     headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()
 ) -> str:
@@ -258,6 +300,9 @@ def describe_scope(doc: Json) -> str:
         line += "  ·  pods not watched (the agent has no node name): no pod names"
     if doc.get("noGpusReason"):
         line += "\nNO GPUS on this node: {}".format(doc["noGpusReason"])
+    mps = describe_mps(doc)
+    if mps is not None:
+        line += "\n" + mps
     return line
 
 
@@ -327,13 +372,24 @@ def render_devices(doc: Json) -> str:
                     fmt_pair_mib(share.get("memoryUsedMiB"), share.get("memoryLimitMiB")),
                     fmt_mib(g.get("memoryTotalMiB")),
                     fmt_percent(share.get("utilizationPercent")),
+                    fmt_limits(share),
                     "CONFLICT: also {}".format(", ".join(g["otherOwner"]["resources"]))
                     if (g.get("otherOwner") or {}).get("resources")
                     else ("OVER LIMIT" if share.get("overLimit") else "ok"),
                 ]
             )
         table = render_table(
-            ["GPU", "NAME", "UUID", "SHARE", "MEMORY USED / LIMIT", "GPU MEMORY", "SM", "STATUS"],
+            [
+                "GPU",
+                "NAME",
+                "UUID",
+                "SHARE",
+                "MEMORY USED / LIMIT",
+                "GPU MEMORY",
+                "SM",
+                "LIMITS",
+                "STATUS",
+            ],
             rows,
             right=(0, 4, 5, 6),
         )
@@ -386,6 +442,7 @@ def render_devices(doc: Json) -> str:
                     fmt_share(s),
                     fmt_pair_mib(s.get("memoryUsedMiB"), s.get("memoryLimitMiB")),
                     fmt_percent(s.get("utilizationPercent")),
+                    fmt_limits(s),
                     "OVER LIMIT"
                     if s.get("overLimit")
                     else ("no share" if not s.get("units") else "ok"),
@@ -410,6 +467,7 @@ def render_devices(doc: Json) -> str:
                 "SHARE",
                 "MEMORY USED / LIMIT",
                 "SM",
+                "LIMITS",
                 "STATUS",
             ],
             share_rows,

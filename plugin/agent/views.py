@@ -64,8 +64,56 @@ def _envelope(kind: str, snapshot: Snapshot, caller: Caller, node: str | None) -
         "stale": sorted(snapshot.stale),
         "podsWatched": snapshot.pods_watched,
         "noGpusReason": snapshot.no_gpus_reason,
+        "mps": _mps_doc(snapshot),
         "caller": caller_doc(caller),
     }
+
+
+ENFORCED_BY: Final = {
+    "memory": "MPS: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, CUDA out of memory at the limit",
+    "sm": "MPS: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, from the client's first context",
+}
+ADVISORY: Final = {
+    "memory": "advisory: the node agent reports (or kills) over-use after the fact",
+    "sm": "advisory: nothing caps SMs on this node (no supervised MPS daemon)",
+}
+
+
+def _mps_doc(snapshot: Snapshot) -> Json:
+    """How the node serves MPS and what it enforces (node facts, no tenant's)."""
+    mps = snapshot.mps
+    doc: Json = {"mode": mps.mode, "enforces": list(snapshot.enforces)}
+    if mps.status is not None:
+        doc["daemon"] = {
+            "state": mps.status.state,
+            "reason": mps.status.reason,
+            "restarts": mps.status.restarts,
+            "since": iso_time(mps.status.since) if mps.status.since else None,
+        }
+    return doc
+
+
+def _limits_doc(s: ShareView, enforces: tuple[str, ...]) -> Json:
+    """The share's limits (:mod:`plugin.api.limits`) and whether the node holds the
+    container to each: ``sm`` is None for ``balance`` and ``none`` (no cap)."""
+    memory = "memory" in enforces
+    doc: Json = {
+        "memory": {
+            "mib": s.memory_limit_mib,
+            "enforced": memory,
+            "by": ENFORCED_BY["memory"] if memory else ADVISORY["memory"],
+        },
+        "sm": None,
+    }
+    cap = s.thread_percentage
+    if cap is not None:
+        fixed = "fixed" in enforces
+        doc["sm"] = {
+            "percent": cap,
+            "enforced": fixed,
+            "by": ENFORCED_BY["sm"] if fixed else ADVISORY["sm"],
+        }
+    return doc
 
 
 def _visible(caller: Caller) -> Callable[[ProcessView], bool]:
@@ -107,7 +155,7 @@ def process_list(
             item |= {"namespace": k.namespace, "pod": k.pod, "container": k.container}
             share = shares.get((k, p.gpu_uuid))
             if share is not None:
-                item |= _share_fields(share)
+                item |= _share_fields(share, snapshot.enforces)
         items.append(item)
     return _envelope("ProcessList", snapshot, caller, node) | {"items": items}
 
@@ -136,7 +184,7 @@ def device_list(snapshot: Snapshot, caller: Caller, *, node: str | None) -> Json
                     "unitsAllocated": g.units_allocated,
                     "unitsFree": g.units_free,
                     "processes": counts.get(g.uuid, 0),
-                    "shares": [_share_doc(s) for s in by_gpu.get(g.uuid, [])],
+                    "shares": [_share_doc(s, snapshot.enforces) for s in by_gpu.get(g.uuid, [])],
                     "otherOwner": _other_owner(g, snapshot),
                 }
             )
@@ -146,7 +194,7 @@ def device_list(snapshot: Snapshot, caller: Caller, *, node: str | None) -> Json
             gpu = gpus.get(s.gpu_uuid)
             if gpu is None:
                 continue
-            doc = _gpu_static(gpu) | {"share": _share_doc(s, with_owner=False)}
+            doc = _gpu_static(gpu) | {"share": _share_doc(s, snapshot.enforces, with_owner=False)}
             if gpu.claim is not None:
                 # The reason names resources and counts, never another tenant's pod.
                 doc["otherOwner"] = {"resources": list(gpu.claim.resources)}
@@ -240,20 +288,22 @@ def _gpu_static(g: GpuView) -> Json:
     return {"index": g.index, "uuid": g.uuid, "name": g.name, "memoryTotalMiB": g.memory_total_mib}
 
 
-def _share_fields(s: ShareView) -> Json:
+def _share_fields(s: ShareView, enforces: tuple[str, ...]) -> Json:
     return {
         "units": s.units,
         "unitsPerGpu": s.units_per_gpu,
         "sharePercent": round(s.percent, 2),
         "memoryLimitMiB": s.memory_limit_mib if s.allocated else None,
+        "computePolicy": s.compute_policy or None,
+        "limits": _limits_doc(s, enforces) if s.allocated else None,
     }
 
 
-def _share_doc(s: ShareView, *, with_owner: bool = True) -> Json:
+def _share_doc(s: ShareView, enforces: tuple[str, ...], *, with_owner: bool = True) -> Json:
     doc: Json = {}
     if with_owner:
         doc |= {"namespace": s.key.namespace, "pod": s.key.pod, "container": s.key.container}
-    doc |= _share_fields(s) | {
+    doc |= _share_fields(s, enforces) | {
         "resource": s.resource,
         "memoryUsedMiB": s.memory_used_mib,
         "utilizationPercent": s.utilization_percent,

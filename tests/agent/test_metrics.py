@@ -13,6 +13,7 @@ from plugin.agent.accounting import Allocation, Snapshot, build_snapshot
 from plugin.agent.enforcement import EnforcementRecord
 from plugin.agent.metrics import CONTAINER_LABELS, AgentMetrics
 from plugin.agent.probes import ProbeServer, ProbeState
+from plugin.gpu.mps import MpsNode, MpsStatus
 from tests.agent.builders import gpu, gpu_uuid, index_of, key, pod, reading, ref
 
 R = "cnvrg.io/metagpu"
@@ -141,3 +142,78 @@ async def test_probes(served: tuple[AgentMetrics, str, list[float | None]]) -> N
     status, _, text = await get(url + "/healthz")
     assert status == 503
     assert "no accounting cycle finished for 46 s" in text
+
+
+def with_policy(the_pod: dict[str, object], policy: str) -> dict[str, object]:
+    meta = the_pod["metadata"]
+    assert isinstance(meta, dict)
+    meta["annotations"] = {"metagpu.io/compute-policy": policy}
+    return the_pod
+
+
+def mps_snapshot(mps: MpsNode) -> Snapshot:
+    """``a`` (fixed, 25 units) and ``b`` (balance, 50 units) on GPU 0."""
+    index = index_of(with_policy(pod("a"), "fixed"), with_policy(pod("b"), "balance"))
+    return build_snapshot(
+        [reading(gpu(0), [], util=None)],
+        [
+            Allocation(key("a"), R, tuple(f"{U0}::{u}" for u in range(25))),
+            Allocation(key("b"), R, tuple(f"{U0}::{u}" for u in range(25, 75))),
+        ],
+        {},
+        directory=index,
+        units_per_gpu=100,
+        gpu_resources={U0: R},
+        resources=[R],
+        taken_at=1_700_000_000,
+        mps=mps,
+    )
+
+
+def scrape_of(snap: Snapshot) -> Scrape:
+    metrics = AgentMetrics()
+    metrics.update(snap)
+    return Scrape(metrics.render().decode())
+
+
+@pytest.mark.parametrize(
+    ("mps", "enforced"),
+    [
+        pytest.param(MpsNode(), 0, id="time-sliced-advice"),
+        pytest.param(MpsNode(mode="unsupervised"), 0, id="unsupervised-advice"),
+        pytest.param(
+            MpsNode(mode="supervised", status=MpsStatus(state="up", restarts=2)), 1, id="supervised"
+        ),
+    ],
+)
+def test_per_container_limits_and_whether_each_is_enforced(mps: MpsNode, enforced: int) -> None:
+    """Issue 28: the limits from plugin.api.limits, enforced or advisory per the node."""
+    scrape = scrape_of(mps_snapshot(mps))
+    by_container = {
+        (s.labels["container"], s.labels["pod"], s.labels["limit"]): s.value
+        for s in scrape.by_name["metagpu_container_limit_enforced"]
+    }
+    assert by_container == {
+        ("main", "a", "memory"): enforced,
+        ("main", "a", "sm"): enforced,
+        ("main", "b", "memory"): enforced,  # balance: no SM cap, so no sm series
+    }
+    caps = {s.labels["pod"]: s.value for s in scrape.by_name["metagpu_container_sm_limit_ratio"]}
+    assert caps == {"a": 0.25}
+    node = {s.labels["limit"]: s.value for s in scrape.by_name["metagpu_node_limit_enforced"]}
+    assert node == {"memory": enforced, "fixed": enforced}
+    assert [s.labels["mode"] for s in scrape.by_name["metagpu_mps_info"]] == [mps.mode]
+
+
+def test_the_supervised_daemon_is_up_and_counts_its_restarts() -> None:
+    up = scrape_of(mps_snapshot(MpsNode(mode="supervised", status=MpsStatus("up", restarts=2))))
+    assert [s.value for s in up.by_name["metagpu_mps_daemon_up"]] == [1]
+    assert [s.value for s in up.by_name["metagpu_mps_daemon_restarts_total"]] == [2]
+    down = scrape_of(
+        mps_snapshot(MpsNode(mode="supervised", status=MpsStatus("down", "gone", restarts=3)))
+    )
+    assert [(s.labels["state"], s.value) for s in down.by_name["metagpu_mps_daemon_up"]] == [
+        ("down", 0)
+    ]
+    off = scrape_of(mps_snapshot(MpsNode()))
+    assert "metagpu_mps_daemon_up" not in off.by_name
