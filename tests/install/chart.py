@@ -75,6 +75,7 @@ EVERYTHING: Final[Obj] = {
     "mps": {"enabled": True},
     "runtimeClass": {"create": True},
     "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    "monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}},
     "agent": {"memoryEnforcement": "kill"},
     "plugin": {
         "resourceGpus": [0, 1],

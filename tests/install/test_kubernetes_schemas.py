@@ -33,6 +33,7 @@ CRD_KINDS: Final = {
     ("cert-manager.io/v1", "Issuer"),
     ("cert-manager.io/v1", "Certificate"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("security.openshift.io/v1", "SecurityContextConstraints"),
 }
 DNS_SUBDOMAIN: Final = re.compile(

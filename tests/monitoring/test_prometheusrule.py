@@ -1,0 +1,26 @@
+"""The chart's PrometheusRule is the plain rules file, unchanged, and only when asked for."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.install.chart import find, one, render
+from tests.monitoring.catalog import RULES_FILE
+
+ON = {"monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "prom"}}}}
+
+
+def test_the_default_render_has_no_prometheusrule() -> None:
+    assert find(render(), "PrometheusRule") == []
+
+
+def test_the_prometheusrule_spec_is_the_plain_rules_file() -> None:
+    rule = one(render(ON), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["namespace"] == "metagpu"
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    assert rule["metadata"]["labels"]["app.kubernetes.io/part-of"] == "metagpu"
+    assert rule["spec"] == yaml.safe_load(RULES_FILE.read_text())
+    # Prometheus' own templates reach the cluster as written, not eaten by helm.
+    first = rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
+    assert "{{ $labels.gpu_index }}" in first
