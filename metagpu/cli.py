@@ -41,6 +41,10 @@ COMMAND_MODULES: Final[dict[str, tuple[str, str]]] = {
     "quota-mirror": ("webhook.cli", "keep a ResourceQuota in metagpu units beside each GPU quota"),
     "certs": ("certs.cli", "generate, bootstrap and inspect the webhook's TLS certificates"),
     "device-plugin": ("metagpu.device_plugin", "serve meta-devices to the kubelet (v1beta1)"),
+    "dra-plugin": (
+        "metagpu.dra_plugin",
+        "serve GPU shares through DRA (Kubernetes >= 1.36)",
+    ),
     "agent": ("metagpu.agent", "node agent: usage accounting, enforcement, labels, metrics"),
     "scheduler-extender": (
         "metagpu.scheduler_extender",

@@ -86,6 +86,10 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
     ResourceType("events.k8s.io", "v1", "events", "Event", namespaced=True),
     ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True),
+    # DRA, as a v1.36 API server serves it (../shared/fixtures/dra): slices are
+    # cluster-scoped and selected by spec.nodeName/spec.driver, claims namespaced.
+    ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False),
+    ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True),
     ResourceType(
         "admissionregistration.k8s.io",
         "v1",

@@ -1,0 +1,179 @@
+"""``metagpu dra-plugin`` from start to stop (adapter: it owns the tasks and the sockets).
+
+Order, and why:
+
+1. discover the GPUs (simulated or NVML, :func:`plugin.gpu.backends.open_backend`) and
+   start health checking into the one health record (:class:`HealthBoard`); a node
+   whose driver fails publishes an empty slice and says so rather than crash-looping;
+2. open the API server (claims are read from it; the slice is written to it);
+3. serve the driver socket, then the registration socket (:class:`DraServer`);
+4. publish the slice, and again on every deletion, health change and resync
+   (:class:`SlicePublisher`);
+5. on stop: sockets first (no new prepares), then publishing, health, the driver.
+
+The slice is not deleted on stop: a rolling update restarts the plugin within seconds,
+and pods being scheduled meanwhile should still see the GPUs. The kubelet deletes a
+driver's slices 30 s after its sockets go away (captured), which covers an uninstall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from plugin.api.gpus import GpuInfo
+from plugin.api.settings import ConfigError
+from plugin.dra.config import DraConfig
+from plugin.dra.kube import ClaimReader, SlicePublisher
+from plugin.dra.prepare import Preparer
+from plugin.dra.server import DraServer
+from plugin.dra.servicer import DraServicer, RegistrationServicer
+from plugin.dra.slices import SlicePlan, build_slice
+from plugin.gpu.backend import GpuBackend, GpuBackendError, NullBackend
+from plugin.gpu.backends import open_backend
+from plugin.gpu.health import HealthPolicy, RecoveryChecks
+from plugin.gpu.health_monitor import HealthBoard, HealthMonitor
+from plugin.kube.errors import ApiOpener
+
+logger = logging.getLogger(__name__)
+
+BackendFactory = Callable[[DraConfig], GpuBackend]
+
+
+def _open_backend(config: DraConfig) -> GpuBackend:
+    return open_backend(gpus_file=config.gpus_file)
+
+
+def health_policy(config: DraConfig) -> HealthPolicy:
+    health = config.health
+    return HealthPolicy(
+        ignored_xids=frozenset(health.ignored_xids),
+        recovery_s=health.recovery_s,
+        checks=RecoveryChecks(
+            volatile_ecc=health.check_volatile_ecc,
+            row_remap=health.check_row_remap,
+            retired_pages=health.check_retired_pages,
+        ),
+    )
+
+
+@dataclass
+class DraPlugin:
+    """The running plugin; :meth:`run` until ``stop`` is set."""
+
+    config: DraConfig
+    open_api: ApiOpener
+    backend_factory: BackendFactory = _open_backend
+    resync_s: float = 300.0
+    watch_timeout_s: int = 300
+    """Server-side timeout of the slice watch (re-opened after it)."""
+    board: HealthBoard = field(init=False)
+    preparer: Preparer = field(init=False)
+    registration: RegistrationServicer = field(init=False)
+    publisher: SlicePublisher | None = field(init=False, default=None)
+    started: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    """Set once both sockets serve and publishing runs (tests wait on it)."""
+    _gpus: tuple[GpuInfo, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        if not self.config.node_name:
+            raise ConfigError("node_name is required (the chart sets NODE_NAME)")
+        self.node_name = self.config.node_name
+        self.board = HealthBoard(health_policy(self.config))
+        self.preparer = Preparer(config=self.config, node_name=self.node_name)
+        self.registration = RegistrationServicer(
+            driver=self.config.driver_name, endpoint=self.config.socket_path
+        )
+
+    def plan(self, generation: int = 1) -> SlicePlan:
+        """The slice the node should have now, from the GPUs and their health records."""
+        return build_slice(
+            self._gpus,
+            records=self.board.records(),
+            config=self.config,
+            node_name=self.node_name,
+            generation=generation,
+        )
+
+    def _on_health(self, _board: HealthBoard) -> None:
+        plan = self.plan()
+        self.preparer.offer(self._gpus, withdrawn=plan.withdrawn)
+        if self.publisher is not None:
+            self.publisher.wake()
+
+    async def run(self, stop: asyncio.Event) -> int:
+        config = self.config
+        logger.info(
+            "starting DRA plugin",
+            extra={"config": json.dumps(config.model_dump(mode="json"), sort_keys=True)},
+        )
+        backend = await self._open(config)
+        monitor: HealthMonitor | None = None
+        try:
+            self._gpus = tuple(await asyncio.to_thread(backend.devices))
+            if not self._gpus:
+                logger.warning("no GPUs found: publishing an empty ResourceSlice")
+            self.board.set_gpus(g for g in self._gpus if g.identity_known)
+            self.board.add_listener(self._on_health)
+            if config.health.enabled and not isinstance(backend, NullBackend):
+                monitor = HealthMonitor(
+                    backend,
+                    self.board,
+                    uuids=[g.uuid for g in self._gpus if g.identity_known],
+                    event_timeout_s=config.health.event_timeout_s,
+                    liveness_interval_s=config.health.liveness_interval_s,
+                )
+                await monitor.__aenter__()
+            await self._serve(stop)
+        finally:
+            if monitor is not None:
+                await monitor.stop()
+            with contextlib.suppress(GpuBackendError):
+                await asyncio.to_thread(backend.close)
+        return 0
+
+    async def _open(self, config: DraConfig) -> GpuBackend:
+        try:
+            return await asyncio.to_thread(self.backend_factory, config)
+        except GpuBackendError as exc:
+            logger.warning("GPU driver initialisation failed, offering no GPUs: %s", exc)
+            return NullBackend()
+
+    async def _serve(self, stop: asyncio.Event) -> None:
+        config = self.config
+        async with self.open_api() as (api, source):
+            logger.info("API server credentials loaded", extra={"source": source})
+            self.publisher = SlicePublisher(
+                api,
+                self.plan,
+                node_name=self.node_name,
+                driver=config.driver_name,
+                timeout_s=config.api_timeout_s,
+                resync_s=self.resync_s,
+                watch_timeout_s=self.watch_timeout_s,
+            )
+            servicer = DraServicer(
+                self.preparer,
+                ClaimReader(api, timeout_s=config.api_timeout_s),
+                timeout_s=config.prepare_timeout_s,
+            )
+            publishing = asyncio.create_task(self.publisher.run(), name="dra-slice-publisher")
+            try:
+                async with DraServer(
+                    servicer,
+                    self.registration,
+                    socket_path=config.socket_path,
+                    registration_path=config.registration_socket_path,
+                    grace_s=config.grace_s,
+                ):
+                    self.started.set()
+                    await stop.wait()
+            finally:
+                publishing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await publishing
+                self.publisher = None
