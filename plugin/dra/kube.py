@@ -25,7 +25,8 @@ import aiohttp
 from kubernetes_asyncio import client
 
 from plugin.dra.claims import ClaimError, ClaimNotFoundError, ClaimRef
-from plugin.dra.slices import SlicePlan, same_devices
+from plugin.dra.slices import SliceError, SlicePlan, same_devices
+from plugin.dra.validation import slice_errors
 from plugin.kube.listwatch import ListWatch, status_message
 
 logger = logging.getLogger(__name__)
@@ -173,6 +174,9 @@ class SlicePublisher:
 
     async def _write(self, verb: str, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
+        errors = slice_errors(body)
+        if errors:
+            raise SliceError(f"ResourceSlice {name} would be refused: {'; '.join(errors)}")
         if verb == "create":
             status, answer = await _call(
                 self._resource.create_resource_slice, body, timeout_s=self._timeout_s
