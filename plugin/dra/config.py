@@ -75,6 +75,10 @@ class DraConfig(StrictModel):
     """``fixed`` caps each share's SMs at its units (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE);
     ``balance``/``none`` set no cap (:mod:`plugin.api.limits`)."""
     health: HealthConfig = Field(default_factory=HealthConfig)
+    runtime_check: Literal["enforce", "warn", "off"] = "enforce"
+    """Read the node's container runtime at start (:mod:`plugin.dra.cdi_runtime`).
+    ``enforce``: a runtime known to lack CDI gets no GPUs offered (pods would run
+    without their GPU); ``warn``: log it and offer them anyway; ``off``: do not look."""
     api_timeout_s: float = Field(default=10.0, gt=0, le=120)
     """Per API request (read a claim, publish the slice)."""
     prepare_timeout_s: float = Field(default=30.0, gt=0, le=300)

@@ -83,6 +83,20 @@ class ClaimReader:
         return cast(dict[str, Any], body)
 
 
+async def read_runtime_version(
+    api: client.ApiClient, *, node_name: str, timeout_s: float
+) -> str | None:
+    """``status.nodeInfo.containerRuntimeVersion`` of the node (``containerd://1.7.13``).
+
+    Raises RuntimeError when the node cannot be read (RBAC, a missing node)."""
+    status, body = await _call(client.CoreV1Api(api).read_node, node_name, timeout_s=timeout_s)
+    if status != 200 or not isinstance(body, dict):
+        raise RuntimeError(f"reading node {node_name}: HTTP {status}: {body}")
+    info = (body.get("status") or {}).get("nodeInfo") or {}
+    version = info.get("containerRuntimeVersion")
+    return str(version) if version else None
+
+
 class SlicePublisher:
     """Keeps the node's one ResourceSlice equal to ``plan()``, for as long as it runs."""
 

@@ -24,11 +24,13 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from plugin.api.gpus import GpuInfo
 from plugin.api.settings import ConfigError
+from plugin.dra.cdi_runtime import cdi_verdict
 from plugin.dra.config import DraConfig
-from plugin.dra.kube import ClaimReader, SlicePublisher
+from plugin.dra.kube import ClaimReader, SlicePublisher, read_runtime_version
 from plugin.dra.prepare import Preparer
 from plugin.dra.server import DraServer
 from plugin.dra.servicer import DraServicer, RegistrationServicer
@@ -78,6 +80,8 @@ class DraPlugin:
     started: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     """Set once both sockets serve and publishing runs (tests wait on it)."""
     _gpus: tuple[GpuInfo, ...] = field(init=False, default=())
+    blocked: str | None = field(init=False, default=None)
+    """Why every GPU is withdrawn (a runtime without CDI), or None."""
 
     def __post_init__(self) -> None:
         if not self.config.node_name:
@@ -97,6 +101,7 @@ class DraPlugin:
             config=self.config,
             node_name=self.node_name,
             generation=generation,
+            blocked=self.blocked,
         )
 
     def _on_health(self, _board: HealthBoard) -> None:
@@ -143,10 +148,33 @@ class DraPlugin:
             logger.warning("GPU driver initialisation failed, offering no GPUs: %s", exc)
             return NullBackend()
 
+    async def _check_runtime(self, api: Any) -> None:
+        """Withdraw every GPU when the node's runtime is known to ignore CDI devices."""
+        mode = self.config.runtime_check
+        if mode == "off":
+            return
+        try:
+            version = await read_runtime_version(
+                api, node_name=self.node_name, timeout_s=self.config.api_timeout_s
+            )
+        except Exception as exc:  # RBAC or a missing node: say so, do not block
+            logger.warning("cannot tell whether the container runtime applies CDI: %s", exc)
+            return
+        verdict = cdi_verdict(version)
+        if verdict.support == "supported":
+            logger.info(verdict.reason)
+        elif verdict.support == "unknown" or mode == "warn":
+            logger.warning(verdict.reason)
+        else:
+            logger.error("offering no GPUs: %s", verdict.reason)
+            self.blocked = verdict.reason
+            self._on_health(self.board)
+
     async def _serve(self, stop: asyncio.Event) -> None:
         config = self.config
         async with self.open_api() as (api, source):
             logger.info("API server credentials loaded", extra={"source": source})
+            await self._check_runtime(api)
             self.publisher = SlicePublisher(
                 api,
                 self.plan,

@@ -129,16 +129,19 @@ def build_slice(
     config: DraConfig,
     node_name: str,
     generation: int = 1,
+    blocked: str | None = None,
 ) -> SlicePlan:
     """The ResourceSlice for ``gpus`` on ``node_name``, healthy ones only, in index order.
 
     ``records`` is the health board's record per GPU UUID (missing = nothing known
-    against it). Raises :class:`SliceError` past the API server's device limit."""
+    against it); ``blocked``, when set, withdraws every GPU with that reason (a node
+    whose container runtime cannot apply CDI). Raises :class:`SliceError` past the API
+    server's device limit."""
     devices: list[dict[str, Any]] = []
     names: dict[str, str] = {}
     withdrawn: dict[str, str] = {}
     for gpu in sorted(gpus, key=lambda g: g.index):
-        reason = withdrawal_reason(gpu, records.get(gpu.uuid))
+        reason = blocked or withdrawal_reason(gpu, records.get(gpu.uuid))
         if reason is not None:
             withdrawn[gpu.uuid] = reason
             continue

@@ -71,11 +71,31 @@ def gpus_spec() -> dict[str, Any]:
     }
 
 
+def node(runtime: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE},
+        "status": {"nodeInfo": {"containerRuntimeVersion": runtime}},
+    }
+
+
+@pytest.fixture
+def runtime_version() -> str | None:
+    """The node's container runtime; None: no Node object (the check only warns)."""
+    return None
+
+
 @pytest.fixture
 async def running(
-    short_tmp_path: Path, kube_api: tuple[FakeKubeApi, str], kube_config_env: Path
+    short_tmp_path: Path,
+    kube_api: tuple[FakeKubeApi, str],
+    kube_config_env: Path,
+    runtime_version: str | None,
 ) -> AsyncIterator[Running]:
     fake, _ = kube_api
+    if runtime_version is not None:
+        fake.put(node(runtime_version))
     root = short_tmp_path
     gpus_file = root / "gpus.yaml"
     gpus_file.write_text(yaml.safe_dump(gpus_spec()))
@@ -240,3 +260,20 @@ async def test_a_lost_gpu_leaves_the_slice_and_refuses_new_shares(running: Runni
         "GPU gpu-1 (GPU-0b1c2d3e-0000-4000-8000-000000000002) is withdrawn: "
         in (answer["claims"][meta["uid"]]["error"])
     )
+
+
+# ------------------------------------------------------------------ the runtime check
+@pytest.mark.parametrize("runtime_version", ["containerd://1.6.20"])
+async def test_a_runtime_without_cdi_gets_no_gpus_offered(running: Running) -> None:
+    await wait_until(lambda: running.slice_devices() == [], what="an empty slice")
+    call = load("kubelet-node-prepare-consumable-50-units.json")
+    put_claim_of(running.fake, call)
+    await running.kubelet.register()
+    answer = await running.kubelet.replay(call)
+    (entry,) = answer["claims"].values()
+    assert "containerd://1.6.20 has no CDI support" in entry["error"]
+
+
+@pytest.mark.parametrize("runtime_version", ["containerd://2.1.0"])
+async def test_a_runtime_with_cdi_gets_every_gpu(running: Running) -> None:
+    await wait_until(lambda: running.slice_devices() == ["gpu-0", "gpu-1"], what="the slice")
