@@ -72,7 +72,9 @@ def spec_file_prefix(*, driver: str, claim_uid: str) -> str:
 
 
 def spec_file_name(share: AllocatedShare, *, driver: str, claim_uid: str) -> str:
-    return f"{spec_file_prefix(driver=driver, claim_uid=claim_uid)}{share.device}.json"
+    """One file per share: two requests of one claim may share one GPU (two shareIDs)."""
+    key = share.share_id or share.device
+    return f"{spec_file_prefix(driver=driver, claim_uid=claim_uid)}{key}.json"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ got, one CDI spec per share with that share's limits; unprepare removes them.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -338,6 +339,24 @@ def test_two_shares_of_one_gpu_get_two_spec_files(tmp_path: Path) -> None:
     assert da.cdi_device_ids != db.cdi_device_ids
     names = {json.loads(f.read_text())["devices"][0]["name"] for f in tmp_path.glob("*.json")}
     assert names == {da.share_id, db.share_id}
+
+
+def test_two_requests_of_one_claim_on_one_gpu_get_two_specs(tmp_path: Path) -> None:
+    claim = load("claim-p50-a-50-units-40gi-allocated.json")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    second = copy.deepcopy(results[0])
+    second.update(request="gpu2", shareID="11111111-2222-4333-8444-555555555555")
+    second["consumedCapacity"] = {"memory": "10Gi", "units": "20"}
+    results.append(second)
+    first, other = preparer(tmp_path).prepare(ref_of(claim), claim)
+    assert (first.request_names, other.request_names) == (("gpu",), ("gpu2",))
+    assert first.device_name == other.device_name == "gpu-0"
+    specs = {
+        json.loads(f.read_text())["devices"][0]["name"]: env_of(json.loads(f.read_text()))
+        for f in tmp_path.glob("*.json")
+    }
+    assert specs[first.share_id or ""]["METAGPU_UNITS"] == "50"
+    assert specs[other.share_id or ""]["METAGPU_UNITS"] == "20"
 
 
 def test_prepare_twice_gives_the_same_answer_and_bytes(tmp_path: Path) -> None:
