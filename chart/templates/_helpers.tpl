@@ -348,6 +348,7 @@ come from flags (see the Deployment), so the file holds only policy. */}}
   "kubernetes" (dict "enabled" true "namespace_lookup_timeout_s" .Values.webhook.namespaceLookupTimeoutS)
   "quota_mirror" (dict "enabled" .Values.quotaMirror.enabled "lease_name" (include "metagpu.quotaMirror.leaseName" .) "lease_namespace" .Release.Namespace)
   "drain_delay_s" .Values.webhook.drainDelayS
+  "mps_host_directories" (include "metagpu.mps.hostDirectories" . | fromJsonArray)
   "connections" (dict
     "max_connections" .Values.webhook.connections.maxConnections
     "max_connections_per_client" .Values.webhook.connections.maxConnectionsPerClient
@@ -412,9 +413,98 @@ so both choose the same GPU. */}}
 {{- toYaml $config -}}
 {{- end -}}
 
+{{/* Host directories of the MPS daemon that no metagpu pod may mount from the host
+(the webhook's mps_host_directories): CUDA's default pipe directory, the chart's,
+and the supervised daemon's /dev/shm. */}}
+{{- define "metagpu.mps.hostDirectories" -}}
+{{- $dirs := list "/tmp/nvidia-mps" .Values.mps.pipeDirectory -}}
+{{- if .Values.mps.supervise -}}
+{{- $dirs = append $dirs .Values.mps.shmDirectory -}}
+{{- end -}}
+{{- $dirs | uniq | toJson -}}
+{{- end -}}
+
+{{/* The device plugin DaemonSets, as a JSON list of variants. One, unless MPS is on
+for a node pool only (mps.nodeSelector): then the first serves every other GPU
+node without MPS (kept off the pool by a NotIn node affinity), and a second,
+<plugin>-mps (component plugin-mps), serves the pool with MPS, from its own
+config key. The agent runs on both (its scheduling is the plugin's without the
+split): it reads whichever plugin's board is on its node. */}}
+{{- define "metagpu.plugin.variants" -}}
+{{- $mps := .Values.mps -}}
+{{- $variants := list -}}
+{{- if and $mps.enabled (not (empty $mps.nodeSelector)) -}}
+{{- $variants = append $variants (dict "suffix" "" "component" "plugin" "mps" false "supervise" false "configKey" "plugin.yaml" "avoidMps" true) -}}
+{{- $variants = append $variants (dict "suffix" "-mps" "component" "plugin-mps" "mps" true "supervise" $mps.supervise "configKey" "plugin-mps.yaml" "avoidMps" false) -}}
+{{- else -}}
+{{- $variants = append $variants (dict "suffix" "" "component" "plugin" "mps" $mps.enabled "supervise" (and $mps.enabled $mps.supervise) "configKey" "plugin.yaml" "avoidMps" false) -}}
+{{- end -}}
+{{- toJson $variants -}}
+{{- end -}}
+
+{{/* Where one plugin variant runs: (dict "root" $ "variant" $v). The plugin's
+scheduling (metagpu.gpuNodeScheduling), plus mps.nodeSelector for the MPS pool's
+DaemonSet, or, for the other one, a required `NotIn` on that label added to every
+required node selector term (a node without the label matches NotIn). */}}
+{{- define "metagpu.plugin.variantScheduling" -}}
+{{- $root := .root -}}
+{{- $variant := .variant -}}
+{{- $values := $root.Values -}}
+{{- $nodeSelector := include "metagpu.gpuNodeSelector" $root | fromJson -}}
+{{- $affinity := include "metagpu.gpuNodeAffinity" $root | fromJson -}}
+{{- $tolerations := concat ($values.tolerations | default list) ($values.plugin.extraTolerations | default list) -}}
+{{- if and $variant.mps (not (empty $values.mps.nodeSelector)) -}}
+{{- $nodeSelector = merge (deepCopy $values.mps.nodeSelector) $nodeSelector -}}
+{{- end -}}
+{{- if $variant.avoidMps -}}
+{{- $key := keys $values.mps.nodeSelector | first -}}
+{{- $avoid := dict "key" $key "operator" "NotIn" "values" (list (get $values.mps.nodeSelector $key | toString)) -}}
+{{- $affinity = deepCopy ($affinity | default dict) -}}
+{{- $nodeAffinity := get $affinity "nodeAffinity" | default dict -}}
+{{- $required := get $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $terms := get $required "nodeSelectorTerms" | default (list dict) -}}
+{{- $withAvoid := list -}}
+{{- range $terms -}}
+{{- $term := deepCopy . -}}
+{{- $_ := set $term "matchExpressions" (append (get $term "matchExpressions" | default list) $avoid) -}}
+{{- $withAvoid = append $withAvoid $term -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $withAvoid -}}
+{{- $_ := set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $nodeAffinity -}}
+{{- end -}}
+{{- with $nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $tolerations | uniq }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
 {{/* The device plugin's and agent's config file (plugin.api.config.PluginConfig),
-read by both DaemonSets. */}}
+read by both DaemonSets: MPS as configured for every GPU node, or off when MPS is
+for a node pool only (its DaemonSet reads metagpu.plugin.configFor, mps true). */}}
 {{- define "metagpu.plugin.config" -}}
+{{- include "metagpu.plugin.configFor" (dict "root" . "mps" (and .Values.mps.enabled (empty .Values.mps.nodeSelector))) -}}
+{{- end -}}
+
+{{/* The config of one plugin variant: (dict "root" $ "mps" bool). With mps.supervise
+the plugin runs the MPS control daemon itself, with /dev/shm shared with its
+clients through mps.shmDirectory. */}}
+{{- define "metagpu.plugin.configFor" -}}
+{{- $mpsOn := .mps -}}
+{{- with .root -}}
+{{- $mps := dict "enabled" $mpsOn "pipe_directory" .Values.mps.pipeDirectory "container_pipe_directory" .Values.mps.containerPipeDirectory -}}
+{{- if and $mpsOn .Values.mps.supervise -}}
+{{- $_ := set $mps "supervise" true -}}
+{{- $_ := set $mps "shm_directory" .Values.mps.shmDirectory -}}
+{{- end -}}
 {{- $resources := list (dict "name" .Values.resourceName "gpus" .Values.plugin.resourceGpus) -}}
 {{- $resources = concat $resources .Values.plugin.extraResources -}}
 {{- $agent := dict
@@ -438,7 +528,7 @@ read by both DaemonSets. */}}
   "device_plugins_dir" (include "metagpu.plugin.devicePluginsMount" .)
   "fail_on_init_error" .Values.plugin.failOnInitError
   "health" (dict "enabled" .Values.plugin.healthChecks)
-  "mps" (dict "enabled" .Values.mps.enabled "pipe_directory" .Values.mps.pipeDirectory "container_pipe_directory" .Values.mps.containerPipeDirectory)
+  "mps" $mps
   "agent" $agent
   "placement" (dict "honour_assignments" .Values.plugin.honourAssignments "extender" (dig "scheduler" "enabled" false .Values.AsMap))
 -}}
@@ -447,6 +537,7 @@ read by both DaemonSets. */}}
 {{- end -}}
 {{- include "metagpu.mergeExtraConfig" (dict "base" $config "extra" .Values.plugin.extraConfig "where" "plugin.extraConfig") -}}
 {{- toYaml $config -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Add an extraConfig map to a rendered config, in place: (dict "base" $config

@@ -8,7 +8,9 @@ host PID namespace it needs is pod-wide.
 from __future__ import annotations
 
 import pytest
+import yaml
 
+from plugin.api.config import PluginConfig
 from tests.install.chart import (
     Mode,
     Obj,
@@ -19,6 +21,7 @@ from tests.install.chart import (
     one,
     render,
     scenario_params,
+    template_error,
 )
 
 
@@ -203,3 +206,114 @@ def test_pod_annotations_and_labels_are_the_plugins_own() -> None:
     assert agent["labels"]["m"] == "agent"
     assert "a" not in agent["annotations"]
     assert "l" not in agent["labels"]
+
+
+# ------------------------------------------------- supervised MPS (issue 28)
+def plugin_config(objects: list[Obj], key: str = "plugin.yaml") -> Obj:
+    configmap = next(
+        o
+        for o in find(objects, "ConfigMap")
+        if key in o.get("data", {}) and o["metadata"]["name"].endswith("plugin-config")
+    )
+    config: Obj = yaml.safe_load(configmap["data"][key])
+    return config
+
+
+def webhook_config(objects: list[Obj]) -> Obj:
+    configmap = next(o for o in find(objects, "ConfigMap") if "webhook.yaml" in o.get("data", {}))
+    config: Obj = yaml.safe_load(configmap["data"]["webhook.yaml"])
+    return config
+
+
+def test_the_supervised_daemon_replaces_the_sidecar() -> None:
+    values = {"mps": {"enabled": True, "supervise": True}}
+    objects = render(values)
+    spec = component(objects, "DaemonSet", "plugin")["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["device-plugin"]  # no unsupervised sidecar
+    plugin = container(spec, "device-plugin")
+    env = {e["name"]: e.get("value") for e in plugin["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"  # nvidia-cuda-mps-control
+    assert plugin["securityContext"]["privileged"] is True  # the compute mode
+    assert "allowPrivilegeEscalation" not in plugin["securityContext"]
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    assert mounts["mps-pipes"] == "/var/run/metagpu-mps"
+    assert mounts["mps-shm"] == "/dev/shm"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["mps-shm"]["hostPath"] == {
+        "path": "/var/run/metagpu-mps-shm",
+        "type": "DirectoryOrCreate",
+    }
+    mps = PluginConfig.model_validate(plugin_config(objects)).mps
+    assert (mps.enabled, mps.supervise) == (True, True)
+    assert str(mps.shm_directory) == "/var/run/metagpu-mps-shm"
+    assert str(mps.pipe_directory) == "/var/run/metagpu-mps"
+    # the webhook keeps every metagpu pod off the daemon's directories
+    assert webhook_config(objects)["mps_host_directories"] == [
+        "/tmp/nvidia-mps",
+        "/var/run/metagpu-mps",
+        "/var/run/metagpu-mps-shm",
+    ]
+
+
+def test_without_privilege_the_plugin_container_drops_every_capability() -> None:
+    spec = pod({"mps": {"enabled": True, "supervise": True, "privileged": False}})
+    context = container(spec, "device-plugin")["securityContext"]
+    assert "privileged" not in context
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_webhook_denies_the_charts_own_pipe_directory() -> None:
+    objects = render({"mps": {"pipeDirectory": "/srv/mps"}})
+    assert webhook_config(objects)["mps_host_directories"] == ["/tmp/nvidia-mps", "/srv/mps"]
+
+
+def test_mps_on_one_node_pool_is_a_second_daemonset() -> None:
+    values = {
+        "mps": {"enabled": True, "supervise": True, "nodeSelector": {"metagpu.io/mps": "true"}}
+    }
+    objects = render(values)
+    plain = component(objects, "DaemonSet", "plugin")
+    pool = component(objects, "DaemonSet", "plugin-mps")
+    assert pool["metadata"]["name"] == plain["metadata"]["name"] + "-mps"
+    # distinct selectors: neither DaemonSet adopts the other's pods
+    assert plain["spec"]["selector"] != pool["spec"]["selector"]
+    plain_spec, pool_spec = plain["spec"]["template"]["spec"], pool["spec"]["template"]["spec"]
+    assert pool_spec["nodeSelector"] == {"accelerator": "nvidia", "metagpu.io/mps": "true"}
+    assert plain_spec["nodeSelector"] == {"accelerator": "nvidia"}
+    avoid = {"key": "metagpu.io/mps", "operator": "NotIn", "values": ["true"]}
+    terms = plain_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert all(avoid in t["matchExpressions"] for t in terms["nodeSelectorTerms"])
+    assert "metagpu.io/mps" not in str(pool_spec.get("affinity"))
+
+    # each reads its own config under the same path
+    def config_key(spec: Obj) -> str:
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "config"]
+        key: str = volume["configMap"]["items"][0]["key"]
+        assert volume["configMap"]["items"][0]["path"] == "plugin.yaml"
+        return key
+
+    assert (config_key(plain_spec), config_key(pool_spec)) == ("plugin.yaml", "plugin-mps.yaml")
+    assert PluginConfig.model_validate(plugin_config(objects)).mps.enabled is False
+    pool_mps = PluginConfig.model_validate(plugin_config(objects, "plugin-mps.yaml")).mps
+    assert (pool_mps.enabled, pool_mps.supervise) == (True, True)
+    assert "mps-pipes" not in {v["name"] for v in plain_spec["volumes"]}
+    # the agent runs on both pools: it reads whichever plugin's board is on its node
+    agent = component(objects, "DaemonSet", "agent")["spec"]["template"]["spec"]
+    assert agent["nodeSelector"] == {"accelerator": "nvidia"}
+    assert "metagpu.io/mps" not in str(agent.get("affinity"))
+
+
+@pytest.mark.parametrize(
+    ("values", "error"),
+    [
+        pytest.param({"mps": {"supervise": True}}, "enabled", id="supervise-needs-enabled"),
+        pytest.param(
+            {"mps": {"enabled": True, "nodeSelector": {"a": "1", "b": "2"}}},
+            "nodeSelector",
+            id="one-label-per-pool",
+        ),
+    ],
+)
+def test_the_schema_refuses_mps_values_that_cannot_work(values: Obj, error: str) -> None:
+    assert error in template_error(values)
