@@ -331,6 +331,7 @@ def test_every_value_is_in_the_schema_and_every_section_is_closed() -> None:
             ("podAnnotations",),
             ("podLabels",),
             ("labels",),
+            ("annotations",),
             ("commonLabels",),
         ):
             continue
@@ -340,6 +341,7 @@ def test_every_value_is_in_the_schema_and_every_section_is_closed() -> None:
             "podAnnotations",
             "podLabels",
             "labels",
+            "annotations",
             "commonLabels",
         }:
             assert declared[path].get("additionalProperties") is False, (
