@@ -96,6 +96,13 @@ EVERYTHING: Final[Obj] = {
 """Every optional feature at once, with non-default names that must flow everywhere."""
 
 
+SUPERVISED_MPS_POOL: Final[Obj] = {
+    "ocp": True,
+    "mps": {"enabled": True, "supervise": True, "nodeSelector": {"metagpu.io/mps": "true"}},
+}
+"""The plugin supervises the MPS daemon on one node pool (issue 28): two plugin DaemonSets."""
+
+
 def mode_params() -> list[Any]:
     """``pytest.param`` per mode, with readable ids."""
     return [pytest.param(mode, id=mode.id) for mode in MODES]
@@ -110,6 +117,7 @@ def scenario_params() -> list[Any]:
         pytest.param(
             {**EVERYTHING, "certs": {"mode": "cert-manager"}}, id="everything-cert-manager"
         ),
+        pytest.param(SUPERVISED_MPS_POOL, id="supervised-mps-pool-ocp"),
     ]
 
 
