@@ -219,7 +219,10 @@ class MpsConfig(StrictModel):
     """Put each GPU in ``EXCLUSIVE_PROCESS`` while the daemon serves it, so a process that
     ignores ``CUDA_MPS_PIPE_DIRECTORY`` cannot open a context of its own beside MPS. A
     GPU whose mode cannot be set is withdrawn (check ``mps``); false: leave the mode
-    alone (the label ``metagpu.io/enforces`` then says less)."""
+    alone. The node still says ``metagpu.io/enforces=memory.fixed`` then, because no
+    pod spec can leave MPS (the webhook refuses the variables and mounts), but a
+    process that drops ``CUDA_MPS_PIPE_DIRECTORY`` from its own environment runs
+    beside MPS without limits, as docs/mps.md says of rewritten environments."""
 
     health_interval_s: float = Field(default=5.0, gt=0, le=300)
     """Seconds between asks (``get_server_list``); a daemon that stops answering is
