@@ -30,10 +30,11 @@ from plugin.api.gpus import GpuInfo
 from plugin.api.settings import ConfigError
 from plugin.dra.cdi_runtime import cdi_verdict
 from plugin.dra.config import DraConfig
+from plugin.dra.device_health import DeviceHealthEntry, device_health
 from plugin.dra.kube import ClaimReader, SlicePublisher, read_runtime_version
 from plugin.dra.prepare import Preparer
 from plugin.dra.server import DraServer
-from plugin.dra.servicer import DraServicer, RegistrationServicer
+from plugin.dra.servicer import DraServicer, HealthServicer, RegistrationServicer
 from plugin.dra.slices import SlicePlan, build_slice
 from plugin.gpu.backend import GpuBackend, GpuBackendError, NullBackend
 from plugin.gpu.backends import open_backend
@@ -76,6 +77,7 @@ class DraPlugin:
     board: HealthBoard = field(init=False)
     preparer: Preparer = field(init=False)
     registration: RegistrationServicer = field(init=False)
+    health: HealthServicer = field(init=False)
     publisher: SlicePublisher | None = field(init=False, default=None)
     started: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     """Set once both sockets serve and publishing runs (tests wait on it)."""
@@ -92,6 +94,7 @@ class DraPlugin:
         self.registration = RegistrationServicer(
             driver=self.config.driver_name, endpoint=self.config.socket_path
         )
+        self.health = HealthServicer(self.device_health)
 
     def plan(self, generation: int = 1) -> SlicePlan:
         """The slice the node should have now, from the GPUs and their health records."""
@@ -104,9 +107,14 @@ class DraPlugin:
             blocked=self.blocked,
         )
 
+    def device_health(self) -> tuple[DeviceHealthEntry, ...]:
+        """What the health stream sends now (from the same records as the slice)."""
+        return device_health(self._gpus, records=self.board.records(), pool=self.node_name)
+
     def _on_health(self, _board: HealthBoard) -> None:
         plan = self.plan()
         self.preparer.offer(self._gpus, withdrawn=plan.withdrawn)
+        self.health.notify()
         if self.publisher is not None:
             self.publisher.wake()
 
@@ -194,6 +202,7 @@ class DraPlugin:
                 async with DraServer(
                     servicer,
                     self.registration,
+                    self.health,
                     socket_path=config.socket_path,
                     registration_path=config.registration_socket_path,
                     grace_s=config.grace_s,

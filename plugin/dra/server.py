@@ -22,9 +22,10 @@ from typing import Any, Final
 
 import grpc
 
+from plugin._pb import dra_health_v1alpha1_pb2_grpc as health_grpc
 from plugin._pb import dra_v1_pb2_grpc as dra_grpc
 from plugin._pb import pluginregistration_v1_pb2_grpc as reg_grpc
-from plugin.dra.servicer import DraServicer, RegistrationServicer
+from plugin.dra.servicer import DraServicer, HealthServicer, RegistrationServicer
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class DraServer:
         self,
         dra: DraServicer,
         registration: RegistrationServicer,
+        health: HealthServicer,
         *,
         socket_path: Path,
         registration_path: Path,
@@ -49,6 +51,7 @@ class DraServer:
     ) -> None:
         self._dra = dra
         self._registration = registration
+        self._health = health
         self.socket_path = socket_path
         self.registration_path = registration_path
         self._grace_s = grace_s
@@ -56,11 +59,16 @@ class DraServer:
 
     async def __aenter__(self) -> DraServer:
         try:
-            await self._serve(self.socket_path, dra_grpc.add_DRAPluginServicer_to_server, self._dra)
+            await self._serve(
+                self.socket_path,
+                [
+                    (dra_grpc.add_DRAPluginServicer_to_server, self._dra),
+                    (health_grpc.add_DRAResourceHealthServicer_to_server, self._health),
+                ],
+            )
             await self._serve(
                 self.registration_path,
-                reg_grpc.add_RegistrationServicer_to_server,
-                self._registration,
+                [(reg_grpc.add_RegistrationServicer_to_server, self._registration)],
             )
         except BaseException:
             await self.stop()
@@ -75,10 +83,11 @@ class DraServer:
     ) -> None:
         await asyncio.shield(self.stop())
 
-    async def _serve(self, path: Path, add: Any, servicer: object) -> None:
+    async def _serve(self, path: Path, services: list[tuple[Any, object]]) -> None:
         _clear_socket(path)
         server = grpc.aio.server()
-        add(servicer, server)
+        for add, servicer in services:
+            add(servicer, server)
         try:
             server.add_insecure_port(f"unix://{path}")
             await server.start()
@@ -97,6 +106,7 @@ class DraServer:
 
     async def stop(self) -> None:
         """Registration socket first, then the driver socket; idempotent."""
+        self._health.close()  # open health streams end now, not after the grace
         while self._servers:
             server, path = self._servers.pop()
             _remove(path)

@@ -11,21 +11,24 @@ captured kubelet v1.36.2 calls (``../shared/fixtures/dra/kubelet-*.json``):
   shows that text in the pod's ``FailedPrepareDynamicResources`` event). A per-claim
   failure never fails the call, so the other claims of the pod still get their answer.
 
-``v1alpha1.DRAResourceHealth`` is not served: the kubelet gets UNIMPLEMENTED and
-retries every 5 s (captured), which costs one log line per retry on its side.
+* ``v1alpha1.DRAResourceHealth`` on the driver socket: the device list with each
+  GPU's health, again after every change (:mod:`plugin.dra.device_health`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from plugin._pb import dra_health_v1alpha1_pb2 as health_pb
 from plugin._pb import dra_v1_pb2 as dra
 from plugin._pb import pluginregistration_v1_pb2 as reg
 from plugin.dra.claims import ClaimError, ClaimRef
+from plugin.dra.device_health import DeviceHealthEntry
 from plugin.dra.prepare import PreparedDevice, Preparer
 
 logger = logging.getLogger(__name__)
@@ -144,3 +147,61 @@ def _device(device: PreparedDevice) -> dra.Device:
     if device.share_id is not None:
         message.share_id = device.share_id
     return message
+
+
+class HealthServicer:
+    """``v1alpha1.DRAResourceHealth``: the complete device list now and after each change.
+
+    Each stream has its own one-slot queue, so a slow stream never holds up the others
+    and a burst of changes costs one message: the latest state is read when it is sent.
+    """
+
+    def __init__(self, snapshot: Callable[[], tuple[DeviceHealthEntry, ...]]) -> None:
+        self._snapshot = snapshot
+        self._streams: set[asyncio.Queue[bool]] = set()
+
+    def notify(self) -> None:
+        """Something may have changed; every stream re-reads and sends if it did."""
+        for queue in self._streams:
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(True)
+
+    def close(self) -> None:
+        """End every stream (before the server stops, so stopping needs no grace)."""
+        for queue in self._streams:
+            if queue.full():
+                queue.get_nowait()  # a pending "changed" is moot now
+            queue.put_nowait(False)
+
+    async def NodeWatchResources(  # noqa: N802 - gRPC method name
+        self, request: health_pb.NodeWatchResourcesRequest, context: Any
+    ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
+        queue: asyncio.Queue[bool] = asyncio.Queue(maxsize=1)
+        self._streams.add(queue)
+        logger.info("the kubelet watches device health")
+        try:
+            sent: tuple[DeviceHealthEntry, ...] | None = None
+            while True:
+                entries = self._snapshot()
+                if entries != sent:
+                    yield _health_response(entries)
+                    sent = entries
+                if not await queue.get():
+                    return
+        finally:
+            self._streams.discard(queue)
+
+
+def _health_response(
+    entries: tuple[DeviceHealthEntry, ...],
+) -> health_pb.NodeWatchResourcesResponse:
+    return health_pb.NodeWatchResourcesResponse(
+        devices=[
+            health_pb.DeviceHealth(
+                device=health_pb.DeviceIdentifier(pool_name=e.pool, device_name=e.device),
+                health=health_pb.HEALTHY if e.healthy else health_pb.UNHEALTHY,
+                last_updated_time=e.last_updated_s,
+            )
+            for e in entries
+        ]
+    )

@@ -22,6 +22,8 @@ import grpc
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.message import Message
 
+from plugin._pb import dra_health_v1alpha1_pb2 as health_pb
+from plugin._pb import dra_health_v1alpha1_pb2_grpc as health_grpc
 from plugin._pb import dra_v1_pb2 as dra
 from plugin._pb import dra_v1_pb2_grpc as dra_grpc
 from plugin._pb import pluginregistration_v1_pb2 as reg
@@ -29,12 +31,38 @@ from plugin._pb import pluginregistration_v1_pb2_grpc as reg_grpc
 
 KUBELET_VERSIONS: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 """What the v1.36 kubelet accepts in ``supported_versions`` (first match in the plugin's order)."""
-HEALTH_METHOD: Final = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
 CALL_TIMEOUT_S: Final = 5.0
 
 
 class RegistrationRefusedError(AssertionError):
     """The kubelet would not register this plugin; the message says why."""
+
+
+class HealthStream:
+    """One ``NodeWatchResources`` stream; :meth:`next` reads a message as the kubelet does."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    async def next(self, *, timeout_s: float = CALL_TIMEOUT_S) -> dict[str, str]:
+        """The next message as ``{device_name: HEALTHY|UNHEALTHY|UNKNOWN}``."""
+        message = await asyncio.wait_for(self._call.read(), timeout_s)
+        assert message is not grpc.aio.EOF, "the plugin ended the health stream"
+        return {
+            d.device.device_name: health_pb.HealthStatus.Name(d.health) for d in message.devices
+        }
+
+    async def code(self, *, timeout_s: float = CALL_TIMEOUT_S) -> grpc.StatusCode:
+        """How the stream ended (after the plugin stopped, or refused it)."""
+        try:
+            while await asyncio.wait_for(self._call.read(), timeout_s) is not grpc.aio.EOF:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        return grpc.StatusCode.OK
+
+    def cancel(self) -> None:
+        self._call.cancel()
 
 
 class DraKubelet:
@@ -77,19 +105,10 @@ class DraKubelet:
         self.info = info
         return _as_dict(info)
 
-    async def watch_health(self) -> grpc.StatusCode:
-        """Open the health stream the kubelet opens right after registering; its status."""
-        call = self._dra_channel().unary_stream(
-            HEALTH_METHOD,
-            request_serializer=lambda b: b,
-            response_deserializer=lambda b: b,
-        )(b"", timeout=CALL_TIMEOUT_S)
-        try:
-            async for _ in call:
-                pass
-        except grpc.aio.AioRpcError as exc:
-            return exc.code()
-        return grpc.StatusCode.OK
+    def watch_health(self) -> HealthStream:
+        """Open the health stream the kubelet opens right after registering."""
+        stub = health_grpc.DRAResourceHealthStub(self._dra_channel())
+        return HealthStream(stub.NodeWatchResources(health_pb.NodeWatchResourcesRequest()))
 
     async def prepare(self, claims: list[dict[str, str]]) -> dict[str, Any]:
         stub = dra_grpc.DRAPluginStub(self._dra_channel())

@@ -18,6 +18,7 @@ import pytest
 from plugin.dra.cdi import CDI_VERSION, share_limits
 from plugin.dra.claims import AllocatedShare, ClaimError, ClaimRef, shares_of
 from plugin.dra.config import DraConfig
+from plugin.dra.device_health import DeviceHealthEntry, device_health
 from plugin.dra.prepare import Preparer
 from plugin.dra.quantity import QuantityError, bytes_to_mib, format_mib, parse_quantity
 from plugin.dra.slices import MAX_DEVICES_PER_SLICE, SliceError, build_slice, same_devices
@@ -420,3 +421,13 @@ def test_claim_object_helper_matches_a_captured_claim() -> None:
     assert shares_of(rebuilt, ref=ref_of(claim), driver=DRIVER, node_name=NODE) == shares_of(
         claim, ref=ref_of(claim), driver=DRIVER, node_name=NODE
     )
+
+
+def test_device_health_lists_identified_gpus_with_their_state() -> None:
+    lost = replace(CAPTURED_GPUS[1], identity_known=False)
+    sick = GpuHealth(
+        uuid=CAPTURED_GPUS[0].uuid, state="Unhealthy", reason="XID 79", check="xid", since=1234.9
+    )
+    entries = device_health((CAPTURED_GPUS[0], lost), records={sick.uuid: sick}, pool=NODE)
+    assert entries == (DeviceHealthEntry(NODE, "gpu-0", healthy=False, last_updated_s=1234),)
+    assert device_health(CAPTURED_GPUS, records={}, pool=NODE)[1].healthy

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import yaml
 
@@ -45,6 +44,7 @@ class Running:
     fake: FakeKubeApi
     root: Path
     gpus_file: Path
+    stop: asyncio.Event
 
     @property
     def cdi_dir(self) -> Path:
@@ -107,6 +107,7 @@ async def running(
             "cdi_dir": str(root / "cdi"),
             "gpus_file": str(gpus_file),
             "health": {"event_timeout_s": 0.1, "recovery_s": 3600, "liveness_interval_s": 0},
+            "grace_s": 10,  # longer than any wait below: a stop must not need it
         }
     )
     # a short server-side watch: the fake API's handler ends within the leak check's 2 s
@@ -116,7 +117,7 @@ async def running(
     try:
         await asyncio.wait_for(plugin.started.wait(), 10)
         async with DraKubelet(root / "registry") as kubelet:
-            yield Running(plugin, kubelet, fake, root, gpus_file)
+            yield Running(plugin, kubelet, fake, root, gpus_file, stop)
     finally:
         stop.set()
         with contextlib.suppress(asyncio.TimeoutError):
@@ -144,9 +145,7 @@ def without_cdi_ids(answer: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ registration
-async def test_registration_answers_as_captured_and_health_is_unimplemented(
-    running: Running,
-) -> None:
+async def test_registration_answers_as_captured(running: Running) -> None:
     (get_info, notify, health) = load("kubelet-registration-exchange.json")
     info = await running.kubelet.register()
     expected = dict(get_info["response"])
@@ -155,8 +154,14 @@ async def test_registration_answers_as_captured_and_health_is_unimplemented(
     assert Path(info["endpoint"]).parent.name == DRIVER
     await asyncio.wait_for(running.plugin.registration.registered.wait(), 5)
     assert notify["request"] == {"plugin_registered": True}
-    assert health["error"] == "UNIMPLEMENTED"
-    assert await running.kubelet.watch_health() == grpc.StatusCode.UNIMPLEMENTED
+    # the kubelet asked for the health stream at once, on the same path; the recording
+    # plugin answered UNIMPLEMENTED, we serve it
+    assert health["method"] == "/v1alpha1.DRAResourceHealth/NodeWatchResources"
+    stream = running.kubelet.watch_health()
+    try:
+        assert await stream.next() == {"gpu-0": "HEALTHY", "gpu-1": "HEALTHY"}
+    finally:
+        stream.cancel()
 
 
 # ------------------------------------------------------------------ prepare
@@ -242,6 +247,9 @@ async def test_a_deleted_slice_is_published_again_within_seconds(running: Runnin
 
 async def test_a_lost_gpu_leaves_the_slice_and_refuses_new_shares(running: Running) -> None:
     await wait_until(lambda: running.slice_devices() == ["gpu-0", "gpu-1"], what="the slice")
+    await running.kubelet.register()
+    stream = running.kubelet.watch_health()
+    assert await stream.next() == {"gpu-0": "HEALTHY", "gpu-1": "HEALTHY"}
     spec = gpus_spec()
     spec["gpus"][1]["xids"] = [79]  # fell off the bus
     running.gpus_file.write_text(yaml.safe_dump(spec))
@@ -252,7 +260,8 @@ async def test_a_lost_gpu_leaves_the_slice_and_refuses_new_shares(running: Runni
     claim = load("claim-p50-c-50-units-40gi-allocated.json")  # allocated on gpu-1 before
     running.fake.put(claim)
     meta = claim["metadata"]
-    await running.kubelet.register()
+    # the kubelet hears of it too: pods holding gpu-1 show it Unhealthy
+    assert await stream.next() == {"gpu-0": "HEALTHY", "gpu-1": "UNHEALTHY"}
     answer = await running.kubelet.prepare(
         [{"namespace": meta["namespace"], "uid": meta["uid"], "name": meta["name"]}]
     )
