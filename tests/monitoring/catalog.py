@@ -25,6 +25,7 @@ from webhook.metrics import WebhookMetrics
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 RULES_FILE: Final = REPO_ROOT / "chart" / "rules" / "metagpu-alerts.yaml"
+USAGE_RULES_FILE: Final = REPO_ROOT / "chart" / "rules" / "metagpu-usage.yaml"
 TARGET_LABELS: Final = frozenset({"job", "instance", "node"})
 """Labels Prometheus adds to every scraped series: job and instance always; node
 by the chart's ServiceMonitor relabelling (docs/monitoring.md asks plain scrape
