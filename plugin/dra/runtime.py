@@ -84,6 +84,8 @@ class DraPlugin:
     _gpus: tuple[GpuInfo, ...] = field(init=False, default=())
     blocked: str | None = field(init=False, default=None)
     """Why every GPU is withdrawn (a runtime without CDI), or None."""
+    _offer: object = field(init=False, default=None)
+    """The devices and withdrawals last acted on (:meth:`_on_health`)."""
 
     def __post_init__(self) -> None:
         if not self.config.node_name:
@@ -112,9 +114,17 @@ class DraPlugin:
         return device_health(self._gpus, records=self.board.records(), pool=self.node_name)
 
     def _on_health(self, _board: HealthBoard) -> None:
+        """After every board change, liveness counts included: act only on what the slice
+        shows, so a healthy node's 10 s liveness rounds cost no API request."""
         plan = self.plan()
+        offer = (tuple(plan.devices.items()), tuple(sorted(plan.withdrawn.items())))
+        self.health.notify()  # it sends only when the device health differs
+        if offer == self._offer:
+            return
+        self._offer = offer
+        for uuid, reason in plan.withdrawn.items():
+            logger.warning("GPU not offered: %s", reason, extra={"gpu": uuid})
         self.preparer.offer(self._gpus, withdrawn=plan.withdrawn)
-        self.health.notify()
         if self.publisher is not None:
             self.publisher.wake()
 
@@ -198,6 +208,7 @@ class DraPlugin:
                 timeout_s=config.prepare_timeout_s,
             )
             publishing = asyncio.create_task(self.publisher.run(), name="dra-slice-publisher")
+            publishing.add_done_callback(_log_unexpected_exit)
             try:
                 async with DraServer(
                     servicer,
@@ -214,3 +225,9 @@ class DraPlugin:
                 with contextlib.suppress(asyncio.CancelledError):
                     await publishing
                 self.publisher = None
+
+
+def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
+    """The publisher runs until cancelled; anything else leaves the node without a slice."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("the ResourceSlice publisher stopped", exc_info=task.exception())

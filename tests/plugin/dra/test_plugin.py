@@ -286,3 +286,13 @@ async def test_a_runtime_without_cdi_gets_no_gpus_offered(running: Running) -> N
 @pytest.mark.parametrize("runtime_version", ["containerd://2.1.0"])
 async def test_a_runtime_with_cdi_gets_every_gpu(running: Running) -> None:
     await wait_until(lambda: running.slice_devices() == ["gpu-0", "gpu-1"], what="the slice")
+
+
+async def test_liveness_rounds_of_a_healthy_node_cost_no_publish(running: Running) -> None:
+    publisher = running.plugin.publisher
+    assert publisher is not None
+    await asyncio.wait_for(publisher.in_sync.wait(), 5)
+    for _ in range(3):  # what every liveness_interval_s does to the board
+        running.plugin.board.count_liveness({g.uuid: True for g in CAPTURED_GPUS})
+    assert publisher.in_sync.is_set()  # not woken: nothing the slice shows changed
+    assert publisher.published == 1
