@@ -49,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plugin-config", type=Path, default=None, help="device plugin config file (optional)"
     )
+    parser.add_argument(
+        "--mps",
+        action="store_true",
+        help="the device plugin supervises an MPS control daemon (the documented stand-in "
+        "for nvidia-cuda-mps-control) on the simulated GPUs: limits in every allocation, "
+        "the daemon's state in `devices`, `mps kill` to watch it recover",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             gpus_file=args.gpus_file or EXAMPLE_GPUS_FILE,
             webhook_config=args.webhook_config,
             plugin_config=args.plugin_config,
+            mps=args.mps,
         )
     )
 

@@ -24,6 +24,8 @@ commands (type them here; Ctrl-C or `quit` stops everything):
   xid 2 79          simulate XID 79 on GPU index 2 (appends it to the GPUs file)
   other 1|none      pretend NVIDIA's device plugin also serves GPU index 1 (none: no GPU);
                     metagpu withdraws a GPU another plugin hands out
+  mps kill          (with --mps) kill the MPS control daemon: watch its GPUs withdrawn
+                    and the daemon restarted with its limits
   help              this list"""
 
 
@@ -70,6 +72,11 @@ class OtherPlugin:
 
 
 @dataclass(frozen=True)
+class KillMpsDaemon:
+    """SIGKILL the supervised MPS control daemon (``mps kill``)."""
+
+
+@dataclass(frozen=True)
 class ShowHelp:
     pass
 
@@ -80,7 +87,15 @@ class Quit:
 
 
 PromptCommand = (
-    Allocate | Schedule | Release | ShowDevices | InjectXid | OtherPlugin | ShowHelp | Quit
+    Allocate
+    | Schedule
+    | Release
+    | ShowDevices
+    | InjectXid
+    | OtherPlugin
+    | KillMpsDaemon
+    | ShowHelp
+    | Quit
 )
 
 
@@ -126,6 +141,10 @@ def parse_prompt(line: str, *, units_per_gpu: int) -> PromptCommand | None:
         if args[0].lower() == "none":
             return OtherPlugin(gpu_index=None)
         return OtherPlugin(gpu_index=_positive(args[0], what="GPU index", allow_zero=True))
+    if verb == "mps":
+        if [a.lower() for a in args] != ["kill"]:
+            raise PromptError("usage: mps kill")
+        return KillMpsDaemon()
     raise PromptError(f"unknown command {verb!r}; type `help` for the list")
 
 

@@ -33,6 +33,7 @@ from metagpu.dev_prompt import (
     PROMPT_HELP,
     Allocate,
     InjectXid,
+    KillMpsDaemon,
     OtherPlugin,
     PromptCommand,
     PromptError,
@@ -48,9 +49,11 @@ from metagpu.examples import EXAMPLE_POD, EXAMPLE_REVIEW
 from metagpu.kubelet_sim import KubeletSim, KubeletSimError, PluginConnection
 from plugin.api.config import ENV_PREFIX as PLUGIN_ENV_PREFIX
 from plugin.api.config import PluginConfig
-from plugin.api.resources import parse_replica_id
+from plugin.api.resources import ENV_MPS_PINNED_DEVICE_MEM_LIMIT, parse_replica_id
 from plugin.api.settings import ConfigError, load_config
 from plugin.deviceplugin.supervisor import Supervisor
+from plugin.gpu.health_monitor import HealthBoard
+from plugin.gpu.mps import PID_FILE_NAME, MpsNode
 from plugin.gpu.simulated import load_gpus_file
 from webhook.cli import curl_command
 from webhook.config import ENV_PREFIX as WEBHOOK_ENV_PREFIX
@@ -79,6 +82,9 @@ class DevOptions:
     gpus_file: Path
     webhook_config: Path | None = None
     plugin_config: Path | None = None
+    mps: bool = False
+    """The plugin supervises an MPS control daemon: the stand-in (``plugin.gpu.mps_standin``)
+    run through the same subprocess path as ``nvidia-cuda-mps-control``."""
 
 
 @dataclass
@@ -92,6 +98,14 @@ class _Session:
     hook: RunningWebhook
     allocations: dict[int, list[str]] = field(default_factory=dict)
     next_number: int = 1
+    board: HealthBoard | None = None
+    """The plugin's health board (its MPS daemon state), once it runs."""
+    mps_seen: list[MpsNode] = field(default_factory=list)
+    """Every MPS state the board went through (a listener), so ``mps kill`` waits on
+    what happened rather than on time."""
+    mps_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    limits: dict[int, str] = field(default_factory=dict)
+    """Allocation number → the memory limits Allocate handed out (``CUDA_MPS_…``)."""
 
 
 def run_dev(options: DevOptions) -> int:
@@ -117,6 +131,7 @@ async def _main(options: DevOptions) -> int:
             "gpus_file": gpus_file,
             "agent.socket_dir": run_dir / "metagpu",
             "agent.pod_resources_socket": run_dir / "pod-resources" / "kubelet.sock",
+            **(_mps_flags(run_dir) if options.mps else {}),
         },
     )
     webhook_config = load_config(
@@ -158,6 +173,9 @@ async def _main(options: DevOptions) -> int:
                 session = _Session(
                     options, run_dir, gpus_file, plugin_config, resource, kubelet, hook
                 )
+                if supervisor.board is not None:
+                    session.board = supervisor.board
+                    supervisor.board.add_listener(lambda board: _note_mps(session, board))
                 _banner(session)
                 await _demo(session)
                 say(PROMPT_HELP)
@@ -176,6 +194,38 @@ async def _main(options: DevOptions) -> int:
 
 
 # ------------------------------------------------------------------ set-up
+def _mps_flags(run_dir: Path) -> dict[str, object]:
+    """``--mps``: the supervised daemon, the documented stand-in on the simulated GPUs,
+    watched and restarted quickly enough to see at the prompt."""
+    return {
+        "mps.enabled": True,
+        "mps.supervise": True,
+        "mps.pipe_directory": run_dir / "mps",
+        "mps.control_command": [sys.executable, "-m", "plugin.gpu.mps_standin"],
+        "mps.health_interval_s": 0.5,
+        "mps.restart_backoff_s": 0.5,
+    }
+
+
+def _note_mps(s: _Session, board: HealthBoard) -> None:
+    node = board.mps_node
+    if not s.mps_seen or s.mps_seen[-1] != node:
+        s.mps_seen.append(node)
+        s.mps_changed.set()
+
+
+def _mps_line(node: MpsNode) -> str:
+    enforces = ", ".join(node.enforces) or "nothing"
+    if node.status is None:
+        return f"MPS: {node.mode}; enforces {enforces}"
+    status = node.status
+    line = (
+        f"MPS: supervised daemon {status.state} ({status.restarts} restart(s), "
+        f"servers {list(status.server_pids)}); enforces {enforces}"
+    )
+    return line + (f"\n     {status.reason}" if status.state != "up" and status.reason else "")
+
+
 def _prepare_gpus_file(source: Path, run_dir: Path) -> Path:
     """Copy the starting GPUs into the run dir, so editing them never dirties the repo."""
     if not source.is_file():
@@ -341,6 +391,8 @@ async def _execute(s: _Session, command: PromptCommand) -> None:
             await _other_plugin(s, command)
         elif isinstance(command, InjectXid):
             await _inject_xid(s, command)
+        elif isinstance(command, KillMpsDaemon):
+            await _kill_mps_daemon(s)
         elif isinstance(command, ShowHelp):
             say(PROMPT_HELP)
     except (KubeletSimError, ConfigError, OSError) as exc:
@@ -361,6 +413,8 @@ async def _allocate(s: _Session, command: Allocate) -> None:
     say(f"#{number} allocate {command.asked} -> {command.units} units: {placed}")
     for key in sorted(response.envs):
         say(f"    {key}={response.envs[key]}")
+    if ENV_MPS_PINNED_DEVICE_MEM_LIMIT in response.envs:
+        s.limits[number] = response.envs[ENV_MPS_PINNED_DEVICE_MEM_LIMIT]
     for mount in response.mounts:
         mode = "ro" if mount.read_only else "rw"
         say(f"    mount {mount.host_path} -> {mount.container_path} ({mode})")
@@ -420,6 +474,7 @@ def _release(s: _Session, command: Release, *, quiet: bool = False) -> None:
     numbers: Sequence[int] = list(s.allocations) if command.number is None else [command.number]
     for number in numbers:
         ids = s.allocations.pop(number, None)
+        s.limits.pop(number, None)
         if ids is None:
             say(f"error: no allocation #{number}; current: {sorted(s.allocations) or 'none'}")
             continue
@@ -436,6 +491,66 @@ def _show_devices(s: _Session) -> None:
     for gpu, row in per_gpu.items():
         health = "yes" if row["unhealthy"] == 0 else "NO"
         say(f"{names.get(gpu, gpu):<48} {health:>8} {row['allocated']:>10} {row['free']:>6}")
+    say(f"allocatable: {s.kubelet.allocatable(s.resource)} (healthy meta-devices)")
+    if s.board is not None and s.board.mps_node.mode != "off":
+        node = s.board.mps_node
+        say(_mps_line(node))
+        held = "enforced" if "memory" in node.enforces else "advisory"
+        for number in sorted(s.allocations):
+            limit = s.limits.get(number, "-")
+            say(f"  #{number}: memory limit per GPU (ordinal=MiB) {limit} ({held})")
+        say(
+            "  (compute: fixed pods also get CUDA_MPS_ACTIVE_THREAD_PERCENTAGE from the "
+            "webhook; the kubelet's Allocate does not know the pod)"
+        )
+
+
+async def _kill_mps_daemon(s: _Session) -> None:
+    """SIGKILL the daemon, then wait (bounded) until the plugin saw it down, withdrew
+    its GPUs, and restarted it with its defaults."""
+    if s.board is None or s.board.mps_node.status is None:
+        say("error: MPS is not supervised here; start with `metagpu dev --mps`")
+        return
+    pid_file = s.plugin_config.mps.pipe_directory / PID_FILE_NAME
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError) as exc:
+        say(f"error: no MPS control daemon PID in {pid_file}: {exc}")
+        return
+    before = s.board.mps_node.status.restarts
+    seen_from = len(s.mps_seen)
+    os.kill(pid, signal.SIGKILL)
+    say(f"killed the MPS control daemon (pid {pid}) with SIGKILL")
+
+    def seen(predicate: Any) -> MpsNode | None:
+        return next((n for n in s.mps_seen[seen_from:] if predicate(n)), None)
+
+    async def until(predicate: Any) -> MpsNode:
+        async with asyncio.timeout(HEALTH_WAIT_S):
+            while (found := seen(predicate)) is None:
+                s.mps_changed.clear()
+                if (found := seen(predicate)) is not None:
+                    break
+                await s.mps_changed.wait()
+        return found
+
+    try:
+        down = await until(lambda n: n.status is not None and n.status.state == "down")
+        say(_mps_line(down))
+        say("  the plugin withdrew every GPU it serves meanwhile (Unhealthy, check `mps`)")
+        up = await until(
+            lambda n: n.status is not None and n.status.state == "up" and n.status.restarts > before
+        )
+    except TimeoutError:
+        say(f"error: the daemon did not come back within {HEALTH_WAIT_S:g}s; see the log")
+        return
+    say(_mps_line(up))
+    with contextlib.suppress(TimeoutError):
+        await s.kubelet.wait_devices(
+            s.resource,
+            lambda devices: all(d.health == "Healthy" for d in devices),
+            timeout_s=HEALTH_WAIT_S,
+        )
     say(f"allocatable: {s.kubelet.allocatable(s.resource)} (healthy meta-devices)")
 
 

@@ -212,7 +212,7 @@ class MpsNode:
 
 def down_reason(detail: str, *, retry_in_s: float | None) -> str:
     """The reason a GPU of an MPS node is not offered while its daemon is down."""
-    tail = f"; restarting in {retry_in_s:.0f}s" if retry_in_s is not None else ""
+    tail = f"; restarting in {retry_in_s:g}s" if retry_in_s is not None else ""
     return (
         f"MPS control daemon not answering ({detail}): new containers would get no "
         f"memory or compute limits{tail}"

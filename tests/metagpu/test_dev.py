@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import queue
 import signal
 import ssl
@@ -20,6 +21,7 @@ import pytest
 from metagpu.dev_prompt import (
     Allocate,
     InjectXid,
+    KillMpsDaemon,
     OtherPlugin,
     PromptError,
     Quit,
@@ -48,6 +50,7 @@ from tests.conftest import REPO_ROOT
         pytest.param("xid 0 79", InjectXid(gpu_index=0, xid=79), id="xid"),
         pytest.param("other 1", OtherPlugin(gpu_index=1), id="other"),
         pytest.param("other none", OtherPlugin(gpu_index=None), id="other-none"),
+        pytest.param("mps kill", KillMpsDaemon(), id="mps-kill"),
         pytest.param("help", ShowHelp(), id="help"),
         pytest.param("quit", Quit(), id="quit"),
     ],
@@ -70,6 +73,7 @@ def test_prompt_commands(line: str, expected: object) -> None:
         pytest.param("other -1", "GPU index must be a whole number", id="other-negative"),
         pytest.param("xid ² 79", "GPU index must be a whole number", id="xid-unicode-digit"),
         pytest.param("launch", "unknown command 'launch'", id="unknown"),
+        pytest.param("mps", "usage: mps kill", id="mps-without-kill"),
         pytest.param("allocate " + "9" * 5000, "has 5000 digits; at most 9", id="huge-amount"),
         pytest.param("xid 0 " + "7" * 5000, "XID 777777777777… has 5000", id="huge-xid"),
         pytest.param("release " + "1" * 4301, "has 4301 digits", id="huge-release"),
@@ -84,7 +88,7 @@ def test_prompt_errors_say_what_would_be_accepted(line: str, fragment: str) -> N
 class Session:
     """A ``metagpu dev`` subprocess whose stdout lines are read by a thread."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *extra: str) -> None:
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -95,6 +99,7 @@ class Session:
                 str(run_dir),
                 "--listen",
                 "127.0.0.1:0",
+                *extra,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -198,3 +203,52 @@ def test_dev_session_end_to_end(session: Session, tmp_path: Path) -> None:
     assert session.process.wait(timeout=60) == 0
     plugins_dir = tmp_path / "run" / "device-plugins"
     assert not list(plugins_dir.glob("*.sock")), "sockets left behind"
+
+
+@pytest.fixture
+def mps_session(short_tmp_path: Path) -> Iterator[Session]:
+    """``--mps``: the stand-in daemon's socket lives in the run dir (unix paths < 108 bytes)."""
+    run = Session(short_tmp_path / "run", "--mps")
+    try:
+        yield run
+    finally:
+        if run.process.poll() is None:
+            run.process.kill()
+            run.process.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_dev_session_supervises_mps_and_recovers_from_a_killed_daemon(
+    mps_session: Session, short_tmp_path: Path
+) -> None:
+    """Issue 28, item 5: ``make run`` turns MPS on with the stand-in daemon on simulated
+    GPUs, shows the daemon and each allocation's limits in ``devices``, and recovers from
+    a killed daemon (its GPUs withdrawn, then the daemon restarted with its defaults)."""
+    session = mps_session
+    session.wait_line(READY_LINE)
+    session.wait_line("(released again)")
+    session.send("allocate 0.5")
+    session.wait_line("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40960M")
+    session.send("devices")
+    assert "up (0 restart(s)" in session.wait_line("MPS: supervised daemon")
+    assert "(enforced)" in session.wait_line("#1: memory limit per GPU")
+    session.send("mps kill")
+    session.wait_line("killed the MPS control daemon")
+    assert "not answering" in session.wait_line("MPS control daemon not answering")
+    session.wait_line("the plugin withdrew every GPU it serves meanwhile")
+    assert "up (1 restart(s)" in session.wait_line("MPS: supervised daemon up")
+    assert "allocatable: 400" in session.wait_line("allocatable:")
+    session.process.send_signal(signal.SIGINT)
+    session.wait_line("metagpu dev stopped")
+    assert session.process.wait(timeout=60) == 0
+    pid_file = short_tmp_path / "run" / "mps" / "nvidia-cuda-mps-control.pid"
+    assert not pid_file.exists() or not _alive(int(pid_file.read_text()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rpartition(")")[2].split()[:1] != ["Z"]
