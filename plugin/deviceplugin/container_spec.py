@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from plugin.api.config import PluginConfig
-from plugin.api.limits import pinned_limit_env
+from plugin.api.limits import memory_limit_mib, pinned_limit_env
 from plugin.api.resources import (
     AGENT_SOCKET_NAME,
     CONTAINER_AGENT_DIR,
@@ -46,7 +46,7 @@ from plugin.api.resources import (
     ENV_UNITS,
     REPLICA_SEPARATOR,
 )
-from plugin.placement.devices import DEVICE_ORDER, Gpu, MetaDevice, memory_limit_mib
+from plugin.placement.devices import DEVICE_ORDER, Gpu, MetaDevice
 
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 """NVIDIA's ``deviceListAsVolumeMountsContainerPathRoot``; the NVIDIA container
