@@ -117,12 +117,21 @@ class SlicePublisher:
         self._driver = driver
         self._timeout_s = timeout_s
         self._resync_s = resync_s
-        self._watch_timeout_s = watch_timeout_s
         self._wake = asyncio.Event()
         self.published = 0
         """How many creates and replaces succeeded (tests and logs)."""
         self.in_sync = asyncio.Event()
         """Set after a publish left the API server with the planned slice."""
+        self._watch = ListWatch(
+            f"ResourceSlices of {driver} on {node_name}",
+            self._resource.list_resource_slice,
+            on_list=self._on_list,
+            on_event=self._on_event,
+            query={"field_selector": f"spec.nodeName={node_name},spec.driver={driver}"},
+            watch_timeout_s=watch_timeout_s,
+        )
+        self.watching = self._watch.synced
+        """Set once the node's slices were first listed (deletions are seen from then on)."""
 
     def wake(self) -> None:
         """Publish again soon (a health change, a deletion seen)."""
@@ -131,15 +140,7 @@ class SlicePublisher:
 
     async def run(self) -> None:
         """Publish now, then on every wake-up and every ``resync_s``; until cancelled."""
-        watch = ListWatch(
-            f"ResourceSlices of {self._driver} on {self._node}",
-            self._resource.list_resource_slice,
-            on_list=self._on_list,
-            on_event=self._on_event,
-            query={"field_selector": f"spec.nodeName={self._node},spec.driver={self._driver}"},
-            watch_timeout_s=self._watch_timeout_s,
-        )
-        watcher = asyncio.create_task(watch.run(), name="dra-slice-watch")
+        watcher = asyncio.create_task(self._watch.run(), name="dra-slice-watch")
         delay = BACKOFF_S[0]
         try:
             while True:
