@@ -32,6 +32,7 @@ from plugin.api.scheduling import ContainerAssignment, PodAssignment
 from plugin.extender.ledger import Assumption, Ledger, NodeView
 from plugin.extender.reasons import node_reasons
 from plugin.placement.fleet import Fleet, FleetPlacement, Ints
+from plugin.placement.plan_search import SearchBudget
 from plugin.placement.pod import ContainerRequest, GpuState, PodPlacement, place_pod, pod_units
 from plugin.placement.refusals import RefusalKey
 
@@ -92,9 +93,15 @@ class PlacementMemo:
         return _lru(self._memo, ask, self._asks)
 
     def place(
-        self, ask: PodAsk, view: NodeView, known: dict[int, PodPlacement] | None = None
+        self,
+        ask: PodAsk,
+        view: NodeView,
+        known: dict[int, PodPlacement] | None = None,
+        *,
+        budget: SearchBudget | None = None,
     ) -> PodPlacement:
-        """place_pod on ``view``, with GPUs named by their position (``"0"``, ``"1"``...)."""
+        """place_pod on ``view``, with GPUs named by their position (``"0"``, ``"1"``...);
+        ``budget``: the whole-pod search's, shared by the nodes of one call."""
         if known is None:
             known = self.for_ask(ask)
         found = known.get(view.shape)
@@ -115,7 +122,11 @@ class PlacementMemo:
                 for pos, g in enumerate(view.gpus)
             ]
             anonymous_answer = place_pod(
-                sized.containers, anonymous, units_per_gpu=view.units_per_gpu, policy=ask.policy
+                sized.containers,
+                anonymous,
+                units_per_gpu=view.units_per_gpu,
+                policy=ask.policy,
+                budget=budget,
             )
             if len(answers) >= self._shapes_per_ask:
                 answers.clear()
@@ -237,6 +248,7 @@ def filter_nodes(
     unresolvable: dict[str, str] = {}
     known = memo.for_ask(ask)
     view_of = ledger.view
+    budget = SearchBudget()
     for name in names:
         # The hot loop of the extender (every candidate node, every pod): a memo hit
         # costs two dict lookups and no call into place_pod.
@@ -246,7 +258,7 @@ def filter_nodes(
             continue
         outcome = known.get(view.shape)
         if outcome is None:
-            outcome = memo.place(ask, view, known)
+            outcome = memo.place(ask, view, known, budget=budget)
         else:
             memo.hits += 1
         if outcome.refusal_key is None:
@@ -323,6 +335,7 @@ def prioritize(
     known = memo.for_ask(ask)
     by_shape: dict[int, int] = {}
     view_of = ledger.view
+    budget = SearchBudget()
     for name in names:
         view = view_of(name)
         if isinstance(view, str):
@@ -330,7 +343,8 @@ def prioritize(
             continue
         found = by_shape.get(view.shape)
         if found is None:
-            found = by_shape[view.shape] = score(memo.place(ask, view, known), view, ask.policy)
+            placed = memo.place(ask, view, known, budget=budget)
+            found = by_shape[view.shape] = score(placed, view, ask.policy)
         scores.append((name, found))
     return scores
 

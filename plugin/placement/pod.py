@@ -36,7 +36,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from plugin.api.config import AllocationPolicy
-from plugin.placement.plan_search import chain_prefix, chain_units, one_chain, search_plan
+from plugin.placement.plan_search import (
+    SearchBudget,
+    chain_prefix,
+    chain_units,
+    one_chain,
+    search_plan,
+)
 from plugin.placement.refusals import (
     HELD,
     NO_SINGLE_GPU,
@@ -126,6 +132,7 @@ def place_pod(
     *,
     units_per_gpu: int,
     policy: AllocationPolicy,
+    budget: SearchBudget | None = None,
 ) -> PodPlacement:
     """The kubelet's allocation of ``containers`` (in pod order) on ``gpus``.
 
@@ -160,6 +167,7 @@ def place_pod(
         [g.numa for g in gpus],
         units_per_gpu=units_per_gpu,
         policy=policy,
+        budget=budget,
     )
     if found is None:
         return replayed

@@ -55,8 +55,8 @@ from plugin.placement.fleet.closed_forms import (
     without_reuse,
 )
 from plugin.placement.fleet.packing import two_items_fit
-from plugin.placement.fleet.replay import replay_pod, row_by_row
-from plugin.placement.plan_search import independent_items, one_chain
+from plugin.placement.fleet.replay import replay_pod, row_by_row, rows_until_spent
+from plugin.placement.plan_search import SearchBudget, independent_items, one_chain
 from plugin.placement.pod import ContainerRequest, largest_first, raised_chains
 from plugin.placement.refusals import FITS, SHORT
 
@@ -201,7 +201,10 @@ def searched(
         healthy=distinct[:, 2 * width + 2],
         numa_columns=fleet.numa_columns,
     )
-    placed.patch(rows, _only(row_by_row(part, containers, policy), inverse))
+    fresh, decided = rows_until_spent(part, containers, policy, budget=SearchBudget())
+    # rows whose distinct row was not reached keep the replay's refusal
+    reached = inverse < decided
+    placed.patch(rows[reached], _only(fresh, inverse[reached]))
     return placed
 
 

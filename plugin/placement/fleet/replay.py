@@ -31,6 +31,7 @@ from plugin.placement.fleet.arrays import (
     with_taken,
 )
 from plugin.placement.fleet.closed_forms import share_gpu
+from plugin.placement.plan_search import SearchBudget
 from plugin.placement.pod import ContainerRequest, GpuState, place_pod
 from plugin.placement.refusals import HELD, NO_SINGLE_GPU, REUSE, SHORT, WHOLE
 
@@ -133,19 +134,46 @@ def replay_pod(
 
 
 def row_by_row(
-    fleet: Fleet, containers: Sequence[ContainerRequest], policy: AllocationPolicy
+    fleet: Fleet,
+    containers: Sequence[ContainerRequest],
+    policy: AllocationPolicy,
+    *,
+    budget: SearchBudget | None = None,
 ) -> FleetPlacement:
     """place_pod on each row, its answers put in the arrays.
 
     A row becomes the GPUs place_pod would see: positions as IDs, NUMA columns
     as NUMA nodes (same order), and, after them, one GPU with nothing free per
     unhealthy GPU (a row holds 0 for those and forgets which they were; only
-    their number shows, in a refusal).
+    their number shows, in a refusal). One search budget for all rows (a fresh one
+    when not given): one decision's.
     """
+    placed, _ = rows_until_spent(
+        fleet, containers, policy, budget=budget or SearchBudget(), stop=False
+    )
+    return placed
+
+
+def rows_until_spent(
+    fleet: Fleet,
+    containers: Sequence[ContainerRequest],
+    policy: AllocationPolicy,
+    *,
+    budget: SearchBudget,
+    stop: bool = True,
+) -> tuple[FleetPlacement, int]:
+    """:func:`row_by_row`, stopping (with ``stop``) at the first row once ``budget`` is
+    spent: the answer and how many rows, from the first, it decided. A pod whose search
+    spent the decision's budget would otherwise still pay its replays on every row left
+    (hundreds of microseconds each for a pod of dozens of containers)."""
     rows, width = fleet.free.shape
     outcome, container, numbers = blank_answer(rows)
     taken = np.zeros((rows, width), dtype=np.int64)
+    decided = 0
     for row in range(rows):
+        if stop and budget.left <= 0:
+            break
+        decided += 1
         free = fleet.free[row].tolist()
         gpus = [
             GpuState(str(pos), free[pos], numa=numa)
@@ -153,7 +181,11 @@ def row_by_row(
         ]
         gpus += [GpuState(f"unhealthy-{n}", 0, healthy=False) for n in range(fleet.unhealthy[row])]
         placed = place_pod(
-            containers, gpus, units_per_gpu=int(fleet.units_per_gpu[row]), policy=policy
+            containers,
+            gpus,
+            units_per_gpu=int(fleet.units_per_gpu[row]),
+            policy=policy,
+            budget=budget,
         )
         if placed.refusal_key is not None:
             outcome[row], container[row] = placed.refusal_key[:2]
@@ -161,7 +193,7 @@ def row_by_row(
             continue
         for gpu, units in placed.taken.items():
             taken[row, int(gpu)] = units
-    return with_taken(fleet, outcome, container, numbers, taken)
+    return with_taken(fleet, outcome, container, numbers, taken), decided
 
 
 def _share_taken(free: Ints, units: int, policy: AllocationPolicy) -> tuple[Ints, Bools]:

@@ -29,8 +29,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plugin.extender.service import ExtenderCore
+from plugin.placement.fleet import fleet_of
 from plugin.placement.fleet.packing import two_items_fit
-from plugin.placement.plan_search import independent_items
+from plugin.placement.fleet.replay import rows_until_spent
+from plugin.placement.plan_search import SearchBudget, independent_items
 from plugin.placement.pod import ContainerRequest, GpuState, place_pod
 from plugin.placement.refusals import ContainerKind
 from tests.extender.builders import RESOURCE, ledger
@@ -229,3 +231,33 @@ def test_independent_items_reduce_chains_to_their_last_container() -> None:
     assert independent_items((("init", 150), ("app", 170), ("app", 30))) == [170, 30]
     # an init container whose units the next takes only in part: not independent
     assert independent_items((("init", 150), ("app", 50))) is None
+
+
+def test_a_spent_search_budget_leaves_the_replays_refusal() -> None:
+    """Only the search places this pod: the second init container reuses part of the
+    first's 2 units, so neither is raised for the app; binpack puts the 2 on the GPU
+    with 2 free, where the app's 3 cannot follow. With the decision's budget spent the
+    node keeps the replay's reason; with budget left, all three go to the other GPU."""
+    asks: Ask = (("init", 2), ("init", 1), ("app", 3))
+    gpus = [GpuState("G0", 2), GpuState("G1", 3)]
+    spent = place_pod(
+        requests(asks), gpus, units_per_gpu=6, policy="binpack", budget=SearchBudget(left=0)
+    )
+    fresh = place_pod(requests(asks), gpus, units_per_gpu=6, policy="binpack")
+    assert [dict(c.gpus) for c in fresh.containers] == [{"G1": 2}, {"G1": 1}, {"G1": 3}]
+    assert spent.refusal == (
+        'container "c2": the GPU holding its 2 reused units has no room for 1 more '
+        "(largest free 3; 3 free in total)"
+    )
+
+
+def test_rows_past_a_spent_budget_are_not_decided() -> None:
+    """A pod whose searches spend the decision's budget stops costing: the rows after it
+    are left to the caller, which keeps the replay's refusal there (fleet.searched)."""
+    fleet = fleet_of([(6, [GpuState(f"G{g}", 2) for g in range(4)]) for _ in range(40)])
+    pod = requests((("init", 2), ("init", 1), ("app", 3)))
+    budget = SearchBudget(left=50)
+    placed, decided = rows_until_spent(fleet, pod, "binpack", budget=budget)
+    assert budget.left <= 0
+    assert 0 < decided < 40
+    assert not placed.fits[:decided].any()
