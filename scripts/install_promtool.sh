@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Put promtool (Prometheus' rule checker and rule unit-test runner) in .tools/bin.
+# Put promtool (Prometheus' rule checker and rule unit-test runner) and prometheus
+# (the integration test's server, on loopback) in .tools/bin.
 #
 #   scripts/install_promtool.sh BINDIR
 #
@@ -26,4 +27,7 @@ if ! command -v promtool >/dev/null; then
 fi
 mkdir -p "$bindir"
 ln -sf "$(command -v promtool)" "$bindir/promtool"
+if command -v prometheus >/dev/null; then
+    ln -sf "$(command -v prometheus)" "$bindir/prometheus"
+fi
 log "$("$bindir/promtool" --version 2>&1 | head -1)"

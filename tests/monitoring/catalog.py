@@ -37,14 +37,24 @@ PROMTOOL_MISSING: Final = (
     "promtool is not installed: `make tools` installs it (Debian's prometheus package, "
     "with apt-get as root); elsewhere install prometheus/promtool 2.x and put it on PATH"
 )
+PROMETHEUS_MISSING: Final = PROMTOOL_MISSING.replace("promtool is", "prometheus is")
 
 
 def promtool() -> str | None:
     """The promtool to run: .tools/bin first (what `make tools` links), then PATH."""
-    local = REPO_ROOT / ".tools" / "bin" / "promtool"
+    return _tool("promtool")
+
+
+def prometheus() -> str | None:
+    """The Prometheus server binary, found the same way."""
+    return _tool("prometheus")
+
+
+def _tool(name: str) -> str | None:
+    local = REPO_ROOT / ".tools" / "bin" / name
     if local.is_file():
         return str(local)
-    return shutil.which("promtool")
+    return shutil.which(name)
 
 
 def _families(registry: CollectorRegistry) -> dict[str, frozenset[str]]:
