@@ -25,6 +25,11 @@ CONFIG_FILE_ENV: Final = "METAGPU_DRA_CONFIG"
 DEFAULT_DRIVER: Final = "gpu.metagpu.io"
 """The driver name the fixtures were captured with; DeviceClasses select on it."""
 
+_CDI_ID = re.compile(
+    r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?/[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?"
+    r"=[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$"
+)
+"""``vendor/class=name`` as the CDI parser accepts them (``pkg/parser``)."""
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -74,6 +79,11 @@ class DraConfig(StrictModel):
     compute_policy: Policy = "fixed"
     """``fixed`` caps each share's SMs at its units (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE);
     ``balance``/``none`` set no cap (:mod:`plugin.api.limits`)."""
+    extra_cdi_device: str | None = None
+    """A second CDI device to name beside each share's, e.g. ``nvidia.com/gpu={uuid}``
+    (``{uuid}``, ``{index}`` and ``{minor}`` are the GPU's): NVIDIA's spec from
+    ``nvidia-ctk cdi generate`` (device names by ``--device-name-strategy``) brings the
+    driver libraries, which ours does not. None: our spec only."""
     health: HealthConfig = Field(default_factory=HealthConfig)
     runtime_check: Literal["enforce", "warn", "off"] = "enforce"
     """Read the node's container runtime at start (:mod:`plugin.dra.cdi_runtime`).
@@ -91,6 +101,21 @@ class DraConfig(StrictModel):
     def _dns(cls, value: str) -> str:
         if not _DNS_SUBDOMAIN.match(value):
             raise ValueError(f"must be a DNS subdomain (lower case, dots): {value!r}")
+        return value
+
+    @field_validator("extra_cdi_device")
+    @classmethod
+    def _cdi_template(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            example = value.format(uuid="GPU-0", index=0, minor=0)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"only {{uuid}}, {{index}} and {{minor}} may be used: {value!r}"
+            ) from exc
+        if not _CDI_ID.match(example):
+            raise ValueError(f"not a CDI device ID (vendor/class=name): {value!r}")
         return value
 
     @model_validator(mode="after")

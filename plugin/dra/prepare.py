@@ -25,7 +25,13 @@ from typing import Any
 
 from plugin.api.gpus import GpuInfo
 from plugin.dra.cdi import build_spec, cdi_device_id, spec_file_name, spec_file_prefix
-from plugin.dra.claims import ClaimError, ClaimMismatchError, ClaimRef, shares_of
+from plugin.dra.claims import (
+    AllocatedShare,
+    ClaimError,
+    ClaimMismatchError,
+    ClaimRef,
+    shares_of,
+)
 from plugin.dra.config import DraConfig
 from plugin.dra.slices import device_name
 
@@ -85,7 +91,7 @@ class Preparer:
                     request_names=(share.request,) if share.request else (),
                     pool_name=share.pool,
                     device_name=share.device,
-                    cdi_device_ids=(cdi_device_id(share, driver=driver, claim_uid=ref.uid),),
+                    cdi_device_ids=self._cdi_ids(share, gpu, claim_uid=ref.uid),
                     share_id=share.share_id,
                 )
             )
@@ -105,6 +111,14 @@ class Preparer:
                 extra={"claim": str(ref), "uid": ref.uid, "files": [p.name for p in written]},
             )
         return tuple(answer)
+
+    def _cdi_ids(self, share: AllocatedShare, gpu: GpuInfo, *, claim_uid: str) -> tuple[str, ...]:
+        """The share's own CDI device, then the configured extra one for its GPU."""
+        ours = cdi_device_id(share, driver=self._config.driver_name, claim_uid=claim_uid)
+        extra = self._config.extra_cdi_device
+        if extra is None:
+            return (ours,)
+        return (ours, extra.format(uuid=gpu.uuid, index=gpu.index, minor=gpu.minor_number))
 
     def unprepare(self, ref: ClaimRef) -> int:
         """Remove the claim's CDI specs; how many there were (0 is fine). Raises ClaimError."""

@@ -431,3 +431,27 @@ def test_device_health_lists_identified_gpus_with_their_state() -> None:
     entries = device_health((CAPTURED_GPUS[0], lost), records={sick.uuid: sick}, pool=NODE)
     assert entries == (DeviceHealthEntry(NODE, "gpu-0", healthy=False, last_updated_s=1234),)
     assert device_health(CAPTURED_GPUS, records={}, pool=NODE)[1].healthy
+
+
+def test_an_extra_cdi_device_names_the_gpu_for_nvidias_spec(tmp_path: Path) -> None:
+    claim = load("claim-p50-c-50-units-40gi-allocated.json")  # gpu-1
+    (device,) = preparer(tmp_path, extra_cdi_device="nvidia.com/gpu={uuid}").prepare(
+        ref_of(claim), claim
+    )
+    assert device.cdi_device_ids == (
+        f"{DRIVER}/gpu={device.share_id}",
+        f"nvidia.com/gpu={CAPTURED_GPUS[1].uuid}",
+    )
+    (by_index,) = preparer(tmp_path, extra_cdi_device="nvidia.com/gpu={index}").prepare(
+        ref_of(claim), claim
+    )
+    assert by_index.cdi_device_ids[1] == "nvidia.com/gpu=1"
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [("nvidia.com/gpu={serial}", "only {uuid}"), ("gpu={uuid}", "not a CDI device ID")],
+)
+def test_a_bad_extra_cdi_device_fails_at_start(template: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DraConfig.model_validate({"extra_cdi_device": template})
