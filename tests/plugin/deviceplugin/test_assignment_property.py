@@ -35,16 +35,22 @@ U = 100
 GPUS = [uuid_for(0), uuid_for(1)]
 
 
+def random_units(rng: random.Random, *, low: int, high: int) -> int:
+    """Mostly a fraction of ``low``-``high`` units; one GPU one time in ten, 1.5 GPUs one in
+    twenty."""
+    roll = rng.random()
+    if roll < 0.1:
+        return 100
+    if roll < 0.15:
+        return 150
+    return rng.randint(low, high)
+
+
 def random_pod(rng: random.Random, n: int) -> list[ContainerRequest]:
     """Mostly one fraction of 0.1-0.75; some whole and 1.5 GPUs; some with init containers."""
 
     def units() -> int:
-        roll = rng.random()
-        if roll < 0.1:
-            return 100
-        if roll < 0.15:
-            return 150
-        return rng.randint(10, 75)
+        return random_units(rng, low=10, high=75)
 
     containers: list[ContainerRequest] = []
     if rng.random() < 0.25:
@@ -183,12 +189,7 @@ def random_multi_container_pod(rng: random.Random, n: int) -> list[ContainerRequ
     by the next, sidecars keeping theirs, app containers, shares and whole GPUs."""
 
     def units() -> int:
-        roll = rng.random()
-        if roll < 0.1:
-            return 100
-        if roll < 0.15:
-            return 150
-        return rng.randint(5, 70)
+        return random_units(rng, low=5, high=70)
 
     containers: list[ContainerRequest] = []
     for i in range(rng.choice([0, 1, 1, 2])):
