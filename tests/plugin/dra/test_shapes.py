@@ -22,10 +22,14 @@ import jsonschema  # type: ignore[import-untyped]  # no stubs; kubernetes-valida
 import kubernetes_validate
 import pytest
 
+from plugin.api.gpus import GpuInfo
+from plugin.dra.cdi import CONTROL_DEVICE_NODES
 from plugin.dra.claims import ClaimRef
 from plugin.dra.prepare import Preparer
 from plugin.dra.slices import build_slice
+from plugin.dra.validation import slice_errors
 from tests.plugin.dra.fixtures import CAPTURED_GPUS, NODE, dra_config, load
+from tests.plugin.dra.gpu_check import CONTROL_NODES
 
 KUBERNETES_VERSION = "1.36"
 
@@ -141,7 +145,35 @@ def test_the_slice_we_build_passes_the_1_36_openapi_schema(
     kubernetes_validate.validate(plan.body, KUBERNETES_VERSION, strict=True)
 
 
+H100 = GpuInfo(
+    index=0,
+    uuid="GPU-b8aca273-79c4-ddf2-b8d1-386c407ba247",
+    name="NVIDIA H100 80GB HBM3",
+    memory_mib=81559,
+    minor_number=0,
+    pci_bus_id="",
+    numa_node=None,
+)
+"""What NVML reported on a lent H100 (2026-11-27, tests/plugin/dra/gpu_check.py): 81559 MiB, not a
+whole GiB, and no NUMA node; /dev/nvidia0, nvidiactl, nvidia-uvm and nvidia-uvm-tools
+all existed there, the nodes each CDI spec names."""
+
+
+def test_a_real_h100_gives_a_valid_slice(tmp_path: Path) -> None:
+    plan = build_slice((H100,), records={}, config=dra_config(tmp_path), node_name=NODE)
+    (device,) = plan.body["spec"]["devices"]
+    assert "numa" not in device["attributes"]
+    memory = device["capacity"]["memory"]
+    assert memory["value"] == memory["requestPolicy"]["validRange"]["max"] == "81559Mi"
+    assert slice_errors(plan.body) == []  # a max off the 1Gi step was accepted (captured)
+    kubernetes_validate.validate(plan.body, KUBERNETES_VERSION, strict=True)
+
+
 @pytest.mark.parametrize("name", CLAIMS)
 def test_the_captured_claims_pass_the_schema_the_harness_serves_them_by(name: str) -> None:
     """The claims the tests put into the in-test API server are real 1.36 objects."""
     kubernetes_validate.validate(load(name), KUBERNETES_VERSION, strict=True)
+
+
+def test_the_gpu_check_looks_for_the_nodes_the_specs_name() -> None:
+    assert CONTROL_NODES == CONTROL_DEVICE_NODES
