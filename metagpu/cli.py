@@ -51,6 +51,10 @@ COMMAND_MODULES: Final[dict[str, tuple[str, str]]] = {
         "GPU-aware kube-scheduler extender: one GPU per fraction",
     ),
     "dev": ("metagpu.dev", "the embedded default: webhook + device plugin on simulated GPUs"),
+    "usage": (
+        "metagpu.usage_cli",
+        "GPU-hours allocated and used, and right-sizing, from Prometheus",
+    ),
 }
 
 
