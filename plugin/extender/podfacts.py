@@ -14,6 +14,7 @@ follows the GPU pods, never the cluster's pod count.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,26 +60,39 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
 
 
 class PodDirectory:
-    """Facts of the GPU pods bound to nodes, by UID (bounded by :data:`MAX_PODS`)."""
+    """Facts of the GPU pods bound to nodes, by UID (bounded by :data:`MAX_PODS`), and how
+    many have each priority: whether any pod could be a victim at all is then a look at
+    a few distinct priorities, not a walk over every node."""
 
     def __init__(self, *, limit: int = MAX_PODS) -> None:
         self._pods: dict[str, PodFacts] = {}
         self._limit = limit
+        self._priorities: Counter[int] = Counter()
 
     def put(self, facts: PodFacts) -> None:
-        self._pods.pop(facts.uid, None)
+        self.drop(facts.uid)
         self._pods[facts.uid] = facts
+        self._priorities[facts.priority] += 1
         while len(self._pods) > self._limit:
-            del self._pods[next(iter(self._pods))]
+            self.drop(next(iter(self._pods)))
 
     def drop(self, uid: str) -> PodFacts | None:
-        return self._pods.pop(uid, None)
+        facts = self._pods.pop(uid, None)
+        if facts is not None:
+            self._priorities[facts.priority] -= 1
+            if not self._priorities[facts.priority]:
+                del self._priorities[facts.priority]
+        return facts
 
     def get(self, uid: str) -> PodFacts | None:
         return self._pods.get(uid)
 
     def uids(self) -> list[str]:
         return list(self._pods)
+
+    def any_below(self, priority: int) -> bool:
+        """Some known GPU pod has a lower priority than ``priority`` (a possible victim)."""
+        return any(known < priority for known in self._priorities)
 
     def __len__(self) -> int:
         return len(self._pods)

@@ -247,7 +247,16 @@ def search_nodes(
     plans: list[NodePlan] = []
     refused: dict[str, str] = {}
     blocked = 0
+    if not directory.any_below(preemptor.priority):
+        return Search(None, {}, 0)
     for name in names:
+        if not any(
+            (facts := directory.get(h.pod_uid)) is not None
+            and facts.priority < preemptor.priority
+            for h in ledger.holdings(name)
+        ):
+            # no possible victim here: skip the view and the placement select_victims makes
+            continue
         plan = select_victims(
             ask,
             preemptor,

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from plugin.extender.budgets import Disruptable, parse_budget, violations
+from plugin.extender.podfacts import PodDirectory, PodFacts
 from plugin.extender.preemption import NodePlan, Victim, pick_node
 
 
@@ -110,3 +111,29 @@ def test_pick_node_follows_pick_one_node_for_preemption(
 ) -> None:
     picked = pick_node(plans)
     assert (picked.node if picked else None) == chosen
+
+
+def test_the_directory_knows_whether_any_pod_could_be_a_victim() -> None:
+    """Most unschedulable pods have no lower-priority pod to preempt anywhere (a cluster of
+    one priority): the extender's own search answers that from the directory's tally of
+    priorities instead of placing the pod on every refused node (24 ms at 1,000 nodes)."""
+    directory = PodDirectory(limit=3)
+    assert not directory.any_below(1000)
+
+    def facts(uid: str, priority: int) -> PodFacts:
+        return PodFacts(uid, "ns", uid, priority, True)
+
+    directory.put(facts("a", 0))
+    directory.put(facts("b", 100))
+    assert directory.any_below(100)
+    assert not directory.any_below(0)
+    directory.put(facts("a", 200))  # the same pod again, another priority: not counted twice
+    assert not directory.any_below(100)
+    assert directory.any_below(101)
+    directory.put(facts("c", 50))
+    directory.put(facts("d", 300))  # over the limit: the oldest ("b", 100) is dropped
+    assert directory.get("b") is None
+    assert directory.any_below(51)
+    assert not directory.any_below(50)
+    directory.drop("c")
+    assert not directory.any_below(200)
