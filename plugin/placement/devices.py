@@ -89,16 +89,6 @@ class MetaDevice:
     unit: int
 
 
-def memory_limit_mib(units: int, *, units_per_gpu: int, memory_total_mib: int) -> int:
-    """The memory ``units`` of a GPU with ``memory_total_mib`` allow, floored to whole MiB.
-
-    The one formula behind a container's ``METAGPU_MEMORY_LIMIT_MB`` and MPS
-    pinned limit (:mod:`plugin.deviceplugin.container_spec`) and the node agent's enforcement
-    limit (:mod:`plugin.agent.accounting`): what a container is told and what it
-    is held to must never differ."""
-    return units * memory_total_mib // units_per_gpu
-
-
 def gpu_device_id(info: GpuInfo, strategy: DeviceIdStrategy) -> DeviceId:
     """Name a GPU for the container runtime per ``device_id_strategy``."""
     return DeviceId(info.uuid if strategy == "uuid" else str(info.index))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from plugin.api.config import ResourceConfig
+from plugin.api.limits import memory_limit_mib
 from plugin.api.resources import RESOURCE_NAME_MAX_LEN, parse_replica_id
 from plugin.placement.devices import (
     GpuSelectionError,
     UnknownDeviceError,
-    memory_limit_mib,
     select_gpus,
 )
 from tests.plugin.builders import gpu, gpus, table, uuid_for
