@@ -391,6 +391,35 @@ def cluster() -> dict[str, Any]:
         w=12,
     )
 
+    p.row("Right-sizing")
+    memory = (
+        f"metagpu_container_memory_used_bytes{{{NODE}}} / on (instance, gpu_uuid) group_left () "
+        f"(metagpu_gpu_memory_total_bytes{{{NODE}}} > 0)"
+    )
+    # [1d:]: steps of the server's evaluation interval, so a pod minutes old has a peak too
+    # (a coarser fixed step would leave it empty until its first aligned step).
+    peak = f"max_over_time(({memory})[1d:])"
+    p.add(
+        "table",
+        "Shares against the day's peak memory",
+        [
+            (f"metagpu_container_units{{{NODE}}} > 0", "units"),
+            (
+                f"clamp_min(ceil(clamp_max({peak} * 1.1, 1) * on (instance, gpu_uuid) "
+                f"group_left () (metagpu_gpu_units_total{{{NODE}}} > 0) - 1e-9), 1)",
+                "recommended units",
+            ),
+            (peak, "peak memory"),
+        ],
+        w=24,
+        h=10,
+        instant=True,
+        description="Per container and GPU: units held, the share it needs (the last day's "
+        "peak memory + 10%, in whole units, as metagpu:container_recommended_units:1d and "
+        "`metagpu usage --rightsize`), and that peak as a fraction of the GPU.",
+        transformations=[*_merge(), _hide("__name__", "job", "instance", "gpu_uuid")],
+    )
+
     p.row("Scheduling")
     p.add(
         "timeseries",
