@@ -55,6 +55,7 @@ COMMAND_MODULES: Final[dict[str, tuple[str, str]]] = {
         "metagpu.usage_cli",
         "GPU-hours allocated and used, and right-sizing, from Prometheus",
     ),
+    "top": ("metagpu.top", "a live view of this node's GPUs and shares, like top"),
 }
 
 
