@@ -10,6 +10,7 @@ not a parser: promtool and Prometheus parse it; this only checks names).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from plugin.agent.accounting import EMPTY_SNAPSHOT
 from plugin.agent.metrics import AgentMetrics
 from plugin.extender.metrics import VERBS, ExtenderMetrics
+from plugin.gpu.mps import MpsNode, MpsStatus
 from webhook.metrics import WebhookMetrics
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
@@ -78,7 +80,9 @@ def _families(registry: CollectorRegistry) -> dict[str, frozenset[str]]:
 def exported_series() -> dict[str, frozenset[str]]:
     """Every sample name the components export → its label names (without target labels)."""
     agent = AgentMetrics(version="test", backend="simulated", node="node-a")
-    agent.update(EMPTY_SNAPSHOT)
+    # A node whose plugin supervises the MPS daemon also exports the daemon's series.
+    mps = MpsNode(mode="supervised", status=MpsStatus(state="up"))
+    agent.update(dataclasses.replace(EMPTY_SNAPSHOT, mps=mps))
     extender = ExtenderMetrics()
     for verb in VERBS:
         extender.duration.labels(verb).observe(0.001)
