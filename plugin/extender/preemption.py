@@ -251,8 +251,7 @@ def search_nodes(
         return Search(None, {}, 0)
     for name in names:
         if not any(
-            (facts := directory.get(h.pod_uid)) is not None
-            and facts.priority < preemptor.priority
+            (facts := directory.get(h.pod_uid)) is not None and facts.priority < preemptor.priority
             for h in ledger.holdings(name)
         ):
             # no possible victim here: skip the view and the placement select_victims makes
