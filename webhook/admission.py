@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+from webhook.dra import mutate_pod_dra, mutate_pod_update_dra, mutate_workload_dra
+from webhook.model import Obj
 from webhook.quotas.coverage import with_unit_warnings
 from webhook.review import AdmissionRequest
 from webhook.rules import (
@@ -119,6 +121,8 @@ def _admit(
     obj = request.get("object")
     if target == "other" or obj is None:
         return UNCHANGED
+    if settings.dra is not None and target != "ephemeral-containers":
+        return _admit_dra(request, obj, settings=settings, namespace=namespace, target=target)
     if target == "pod":
         return mutate_pod(obj, settings=settings, namespace=namespace)
     if target == "pod-update":
@@ -131,5 +135,26 @@ def _admit(
         )
     kind = request["kind"]
     return mutate_workload(
+        obj, group=kind["group"], kind=kind["kind"], settings=settings, namespace=namespace
+    )
+
+
+def _admit_dra(
+    request: AdmissionRequest,
+    obj: Obj,
+    *,
+    settings: RuleSettings,
+    namespace: NamespaceFacts,
+    target: Target,
+) -> Decision:
+    """``mode: dra``: the same targets, answered with claims (:mod:`webhook.dra`)."""
+    if target == "pod":
+        return mutate_pod_dra(obj, settings=settings, namespace=namespace)
+    if target == "pod-update":
+        return mutate_pod_update_dra(
+            obj, old_pod=request.get("oldObject"), settings=settings, namespace=namespace
+        )
+    kind = request["kind"]
+    return mutate_workload_dra(
         obj, group=kind["group"], kind=kind["kind"], settings=settings, namespace=namespace
     )

@@ -214,6 +214,70 @@ class QuotaMirrorConfig(StrictModel):
         return self
 
 
+WebhookMode = Literal["device-plugin", "dra"]
+"""How converted pods get their share: ``device-plugin`` (units of ``resource_name``,
+served by ``metagpu device-plugin``) or ``dra`` (a ResourceClaim per container from a
+per-namespace ResourceClaimTemplate, served by ``metagpu dra-plugin``; docs/dra.md)."""
+
+DEFAULT_MEMORY_RESOURCE_NAME: Final = "metagpu.io/gpu-memory"
+"""How a container asks for GPU memory in DRA mode: ``metagpu.io/gpu-memory: 10Gi``."""
+
+
+class DraConfig(StrictModel):
+    """DRA mode (``mode: dra``): what the claims the webhook writes ask for.
+
+    The memory settings restate the DRA plugin's ``memory`` request policy
+    (``memory.min_mib``, ``memory.step_mib``) and the GPUs' memory, because the
+    webhook must size a units-only share's memory itself: a claim that asks for
+    units alone is charged, and limited to, the policy default (1Gi).
+    """
+
+    device_class_name: str = "gpu.metagpu.io"
+    """The DeviceClass the claims name (the chart creates it; captured as
+    ``deviceclass-gpu-accepted.json``)."""
+    gpu_memory_mib: int | None = Field(default=None, ge=1)
+    """Memory of the smallest GPU the DRA plugin serves, in MiB (NVML's total,
+    e.g. 81559 for an H100 80GB). A share of ``units`` asks for
+    ``floor(gpu_memory_mib × units / units_per_gpu)`` rounded down to
+    ``memory_step_mib``, as the device plugin's limit would be. Required with
+    ``mode: dra``: a default could ask for more than a GPU has, and such a pod
+    would stay Pending with the scheduler's generic message."""
+    memory_step_mib: int = Field(default=1024, ge=1)
+    """The plugin's ``memory.step_mib``. Units-only memory is rounded **down** to it,
+    because the scheduler rounds requests up to it and the shares of one GPU must
+    still fit its memory."""
+    memory_min_mib: int = Field(default=1024, ge=1)
+    """The plugin's ``memory.min_mib``: the least memory a share asks for."""
+    memory_resource_name: str = DEFAULT_MEMORY_RESOURCE_NAME
+    """The resource name a container asks for GPU memory with (``10Gi``); removed
+    from the container like the fraction, never sent to the scheduler."""
+    template_prefix: str = "metagpu"
+    """ResourceClaimTemplate names: ``<prefix>-<units>u-<memory>`` (``metagpu-50u-40gi``),
+    or ``<prefix>-<memory>`` for a memory-only share (``metagpu-10gi``)."""
+
+    @field_validator("device_class_name")
+    @classmethod
+    def _valid_class(cls, value: str) -> str:
+        if not is_dns_subdomain(value):
+            raise ValueError(f"dra.device_class_name must be a DNS subdomain name: {value!r}")
+        return value
+
+    @field_validator("memory_resource_name")
+    @classmethod
+    def _valid_memory_resource(cls, value: str) -> str:
+        return str(ResourceName(value))
+
+    @field_validator("template_prefix")
+    @classmethod
+    def _valid_prefix(cls, value: str) -> str:
+        # The longest name is <prefix>-1000u-1048576mi: keep it a DNS subdomain.
+        if not is_dns_label(value) or len(value) > 40:
+            raise ValueError(
+                f"dra.template_prefix must be a DNS label of at most 40 characters: {value!r}"
+            )
+        return value
+
+
 API_SERVER_IDLE_CONN_TIMEOUT_S: Final = 90
 """How long the kube-apiserver keeps an idle connection to a webhook open: its
 webhook client's transport gets ``IdleConnTimeout`` from
@@ -345,6 +409,12 @@ class WebhookConfig(StrictModel):
     the control socket a root container could change every client's MPS limits or
     stop the daemon. Empty: no check."""
 
+    mode: WebhookMode = "device-plugin"
+    """``device-plugin`` (units) or ``dra`` (ResourceClaims, settings in ``dra``);
+    see :data:`WebhookMode`. The chart does not set it yet."""
+
+    dra: DraConfig = Field(default_factory=DraConfig)
+
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
 
     quota_mirror: QuotaMirrorConfig = Field(default_factory=QuotaMirrorConfig)
@@ -420,6 +490,16 @@ class WebhookConfig(StrictModel):
                         "a metagpu resource (units) or a fraction resource (GPUs), not both"
                     )
                 seen[name] = field
+        if self.mode == "dra" and self.dra.gpu_memory_mib is None:
+            raise ValueError(
+                "mode dra needs dra.gpu_memory_mib, the memory of the smallest GPU the DRA "
+                "plugin serves (e.g. 81559 for an H100 80GB): a share's memory is sized from it"
+            )
+        if self.dra.memory_resource_name in seen:
+            raise ValueError(
+                f"dra.memory_resource_name {self.dra.memory_resource_name} is also a GPU "
+                "resource name; memory needs a name of its own"
+            )
         if self.max_units < 1:
             raise ValueError(
                 f"max_gpus_per_container {self.max_gpus_per_container} is less than one unit "

@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any, Final, Literal, NamedTuple, NotRequired, TypedDict
 
 from plugin.api.resources import LABEL_INJECT, NVIDIA_GPU_RESOURCE
-from webhook.config import ComputePolicy, VisibleDevicesPolicy, WebhookConfig
+from webhook.config import ComputePolicy, DraConfig, VisibleDevicesPolicy, WebhookConfig
 
 Obj = Mapping[str, Any]
 PatchOp = Literal["add", "remove", "replace"]
@@ -114,6 +114,30 @@ class TolerationKey(NamedTuple):
 
 
 @dataclass(frozen=True)
+class DraSettings:
+    """DRA mode's part of the config (``mode: dra``), for :mod:`webhook.dra`."""
+
+    device_class_name: str
+    gpu_memory_mib: int
+    memory_step_mib: int
+    memory_min_mib: int
+    memory_resource_name: str
+    template_prefix: str
+
+    @classmethod
+    def of(cls, config: DraConfig) -> DraSettings:
+        assert config.gpu_memory_mib is not None  # WebhookConfig checks it in mode dra
+        return cls(
+            device_class_name=config.device_class_name,
+            gpu_memory_mib=config.gpu_memory_mib,
+            memory_step_mib=config.memory_step_mib,
+            memory_min_mib=config.memory_min_mib,
+            memory_resource_name=config.memory_resource_name,
+            template_prefix=config.template_prefix,
+        )
+
+
+@dataclass(frozen=True)
 class RuleSettings:
     """The config, pre-digested once for the hot path (sets, Decimals, ready-made dicts)."""
 
@@ -142,6 +166,8 @@ class RuleSettings:
     void_non_gpu_containers: bool
     mps_host_directories: tuple[str, ...] = ()
     """Host directories of the MPS daemon's pipes; GPU pods may not mount them."""
+    dra: DraSettings | None = None
+    """``mode: dra``: shares become ResourceClaims (:mod:`webhook.dra`); None: units."""
 
     @classmethod
     def from_config(cls, config: WebhookConfig) -> RuleSettings:
@@ -169,6 +195,7 @@ class RuleSettings:
             deny_privileged=config.deny_privileged,
             void_non_gpu_containers=config.void_non_gpu_containers,
             mps_host_directories=tuple(config.mps_host_directories),
+            dra=DraSettings.of(config.dra) if config.mode == "dra" else None,
         )
 
 

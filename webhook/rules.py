@@ -110,11 +110,25 @@ WORKLOAD_TEMPLATE_PATHS: Final[dict[tuple[str, str], tuple[str, ...]]] = {
 """Where each workload kind keeps its pod template (rule 9), by (group, kind)."""
 
 
+CLAIMED: Final = "a GPU share (a DRA claim)"
+"""How the hardening messages name what a claimed container requests."""
+
+
 # ------------------------------------------------------------ entry points
 def mutate_pod(
-    pod: Obj, *, settings: RuleSettings, namespace: NamespaceFacts = NO_NAMESPACE_FACTS
+    pod: Obj,
+    *,
+    settings: RuleSettings,
+    namespace: NamespaceFacts = NO_NAMESPACE_FACTS,
+    claimed: Mapping[str, int] | None = None,
 ) -> Decision:
-    """Rules 1-8 for a Pod being created."""
+    """Rules 1-8 for a Pod being created.
+
+    ``claimed`` (DRA mode, :mod:`webhook.dra`): containers that hold a GPU share
+    through a claim rather than units (pods of a converted template, or asking
+    for memory only), with their units. They count as metagpu containers for
+    rules 2, 3 and 5, as their units would.
+    """
     meta = as_map(pod.get("metadata"), "metadata")
     spec = as_map(pod.get("spec"), "spec")
     findings = Findings()
@@ -145,6 +159,13 @@ def mutate_pod(
         return _decide(findings, [], namespace=namespace)
 
     plans = [plan_gpu(c, settings=settings, findings=findings, meta=meta) for c in pod_containers]
+    if claimed:
+        plans = [
+            GpuPlan(p.container, units=claimed[p.container.name], resource=CLAIMED, has_gpu=True)
+            if not p.has_gpu and p.container.name in claimed
+            else p
+            for p in plans
+        ]
     check_pod_resources(spec, settings=settings, findings=findings)
     ops: list[PatchOperation] = []
     uses_metagpu = False
@@ -167,7 +188,11 @@ def mutate_pod(
         ops.extend(_scheduler_ops(spec, settings, findings))
         check_mps_volumes(spec, settings=settings, findings=findings)
         pod_annotations = annotations_of(meta)
-        policy = _resolve_policy(pod_annotations, namespace, settings, findings)
+        # In DRA mode the share's CDI spec carries the compute policy (the DRA
+        # plugin's ``compute_policy``) and overrides the pod's variables: rule 4
+        # would only write values the runtime replaces.
+        if settings.dra is None:
+            policy = _resolve_policy(pod_annotations, namespace, settings, findings)
         if policy is not None and pod_annotations.get(ANNOTATION_COMPUTE_POLICY) is None:
             annotations[ANNOTATION_COMPUTE_POLICY] = policy
 

@@ -58,6 +58,15 @@ def test_defaults_are_the_documented_contract() -> None:
         "deny_privileged": True,
         "void_non_gpu_containers": True,
         "mps_host_directories": ["/tmp/nvidia-mps", "/var/run/metagpu-mps"],
+        "mode": "device-plugin",
+        "dra": {
+            "device_class_name": "gpu.metagpu.io",
+            "gpu_memory_mib": None,
+            "memory_step_mib": 1024,
+            "memory_min_mib": 1024,
+            "memory_resource_name": "metagpu.io/gpu-memory",
+            "template_prefix": "metagpu",
+        },
         "kubernetes": {
             "enabled": "auto",
             "kubeconfig": None,
