@@ -46,6 +46,11 @@ See docs/scheduler.md for every setting."""
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_file_argument(parser, env_var=CONFIG_FILE_ENV)
     parser.add_argument("--listen", metavar="HOST:PORT", help="default 127.0.0.1:8450")
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="also serve /metrics, /healthz and /readyz (no verbs) here, e.g. 0.0.0.0:8451",
+    )
     parser.add_argument("--tls-cert-file", type=Path, metavar="FILE", help="serve HTTPS")
     parser.add_argument("--tls-key-file", type=Path, metavar="FILE")
     parser.add_argument("--resource-name", metavar="NAME", help="default cnvrg.io/metagpu")
@@ -60,6 +65,7 @@ def load(args: argparse.Namespace) -> ExtenderConfig:
 
     flags = {
         "listen": args.listen,
+        "metrics_listen": args.metrics_listen,
         "tls.cert_file": args.tls_cert_file,
         "tls.key_file": args.tls_key_file,
         "resource_name": args.resource_name,

@@ -66,6 +66,10 @@ class ExtenderConfig(StrictModel):
     listen: str = DEFAULT_LISTEN
     """HOST:PORT to serve the extender verbs, /healthz, /readyz and /metrics on."""
     tls: ExtenderTlsConfig = ExtenderTlsConfig()
+    metrics_listen: str | None = None
+    """HOST:PORT of a second, plain-HTTP listener serving only ``/metrics``, ``/healthz``
+    and ``/readyz``, for Prometheus: ``listen`` stays on loopback (anyone who can reach
+    it can bind pods), this one may face the pod network. None: no second listener."""
     resource_name: str = DEFAULT_RESOURCE_NAME
     """The extended resource the ledgers describe (the scheduler's ``managedResources``)."""
     placement_policy: AllocationPolicy = "binpack"
@@ -111,6 +115,24 @@ class ExtenderConfig(StrictModel):
     def _valid_listen(cls, value: str) -> str:
         split_listen(value, example=DEFAULT_LISTEN)
         return value
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _valid_metrics_listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_listen(value, example="0.0.0.0:8451")
+        return value
+
+    @model_validator(mode="after")
+    def _two_listeners(self) -> Self:
+        if self.metrics_listen is not None:
+            port = split_listen(self.metrics_listen, example="0.0.0.0:8451")[1]
+            if port and port == self.port:
+                raise ValueError(
+                    f"metrics_listen ({self.metrics_listen}) must use another port than "
+                    f"listen ({self.listen}): the verbs are never served on the metrics port"
+                )
+        return self
 
     @property
     def host(self) -> str:

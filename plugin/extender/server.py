@@ -35,6 +35,7 @@ from typing import Final, Protocol
 from aiohttp import web
 
 from plugin.api import jsonwire
+from plugin.api.settings import split_listen
 from plugin.extender.config import ExtenderConfig
 from plugin.extender.metrics import METRICS_CONTENT_TYPE, ExtenderMetrics, Verb
 from plugin.extender.preemption_book import Proposal
@@ -94,6 +95,17 @@ def create_app(state: ExtenderState) -> web.Application:
     app.router.add_post("/prioritize", handle_prioritize)
     app.router.add_post("/bind", handle_bind)
     app.router.add_post("/preempt", handle_preempt)
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get("/metrics", handle_metrics)
+    return app
+
+
+def create_metrics_app(state: ExtenderState) -> web.Application:
+    """The second listener's app (``metrics_listen``): what Prometheus and probes read,
+    and nothing that decides or binds, so it may face the pod network."""
+    app = web.Application(client_max_size=1024)
+    app[STATE_KEY] = state
     app.router.add_get("/healthz", handle_healthz)
     app.router.add_get("/readyz", handle_readyz)
     app.router.add_get("/metrics", handle_metrics)
@@ -251,15 +263,17 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 
 class running_extender:  # noqa: N801 - used like a function: `async with running_extender(s)`
-    """Serve ``state`` on ``state.config.listen``; stop when the block exits.
+    """Serve ``state`` on ``state.config.listen`` (and the metrics-only app on
+    ``metrics_listen`` when set); stop when the block exits.
 
-    A class, not an async generator, so the socket closes when the block exits.
+    A class, not an async generator, so the sockets close when the block exits.
     """
 
     def __init__(self, state: ExtenderState) -> None:
         self._state = state
-        self._runner: web.AppRunner | None = None
+        self._runners: list[web.AppRunner] = []
         self.url = ""
+        self.metrics_url = ""
 
     async def __aenter__(self) -> running_extender:
         config = self._state.config
@@ -267,26 +281,43 @@ class running_extender:  # noqa: N801 - used like a function: `async with runnin
         if config.tls.cert_file is not None and config.tls.key_file is not None:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(config.tls.cert_file, config.tls.key_file)
+        try:
+            self.url = await self._start(create_app(self._state), config.host, config.port, context)
+            logger.info("serving the scheduler extender", extra={"url": self.url})
+            if config.metrics_listen is not None:
+                host, port = split_listen(config.metrics_listen, example="0.0.0.0:8451")
+                self.metrics_url = await self._start(
+                    create_metrics_app(self._state), host, port, None
+                )
+                logger.info(
+                    "serving the extender's metrics and probes (no verbs)",
+                    extra={"url": self.metrics_url, "listen": config.metrics_listen},
+                )
+        except BaseException:
+            await self._stop()
+            raise
+        return self
+
+    async def _start(
+        self, app: web.Application, host: str, port: int, context: ssl.SSLContext | None
+    ) -> str:
+        config = self._state.config
         runner = web.AppRunner(
-            create_app(self._state),
-            handle_signals=False,
-            access_log=None,
-            shutdown_timeout=config.shutdown_timeout_s,
+            app, handle_signals=False, access_log=None, shutdown_timeout=config.shutdown_timeout_s
         )
         await runner.setup()
-        self._runner = runner
-        try:
-            site = web.TCPSite(runner, config.host, config.port, ssl_context=context)
-            await site.start()
-        except BaseException:
+        self._runners.append(runner)
+        site = web.TCPSite(runner, host, port, ssl_context=context)
+        await site.start()
+        bound = int(runner.addresses[0][1])
+        shown = host if host not in ("", "0.0.0.0") else "127.0.0.1"
+        shown = f"[{shown}]" if ":" in shown else shown
+        return f"{'https' if context else 'http'}://{shown}:{bound}"
+
+    async def _stop(self) -> None:
+        runners, self._runners = self._runners, []
+        for runner in reversed(runners):
             await asyncio.shield(runner.cleanup())
-            raise
-        port = int(runner.addresses[0][1])
-        host = config.host if config.host not in ("", "0.0.0.0") else "127.0.0.1"
-        host = f"[{host}]" if ":" in host else host
-        self.url = f"{'https' if context else 'http'}://{host}:{port}"
-        logger.info("serving the scheduler extender", extra={"url": self.url})
-        return self
 
     async def __aexit__(
         self,
@@ -294,6 +325,4 @@ class running_extender:  # noqa: N801 - used like a function: `async with runnin
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await asyncio.shield(runner.cleanup())
+        await self._stop()

@@ -418,3 +418,36 @@ async def test_an_assumption_the_node_never_reports_expires(
         cache.expire_now()
         assert core.ledger.assumption(FIXTURE_UID) is None
         assert metrics.expired._value.get() == 1
+
+
+async def test_the_metrics_listener_serves_metrics_and_probes_but_no_verb() -> None:
+    """metrics_listen may face the pod network (Prometheus scrapes it); the verbs, which can
+    bind pods, stay on the loopback listener only."""
+    from plugin.extender.protocol import ExtenderBindingArgs
+
+    class Idle:
+        ready = True
+
+        async def bind(self, args: ExtenderBindingArgs) -> str:
+            raise AssertionError("no bind reaches the extender through its metrics port")
+
+    config = ExtenderConfig(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0")
+    core = ExtenderCore(resource=RESOURCE)
+    async with (
+        running_extender(ExtenderState(config, core, Idle(), Idle())) as server,
+        aiohttp.ClientSession() as session,
+    ):
+        assert server.metrics_url
+        assert server.metrics_url != server.url
+        async with session.get(f"{server.metrics_url}/metrics") as resp:
+            assert resp.status == 200
+            assert "metagpu_extender_requests_total" in await resp.text()
+        async with session.get(f"{server.metrics_url}/readyz") as resp:
+            assert resp.status == 200
+        for verb in ("filter", "prioritize", "bind", "preempt"):
+            async with session.post(
+                f"{server.metrics_url}/{verb}", json=load_fixture("bind-30-units.json")
+            ) as resp:
+                assert resp.status in (404, 405), verb
+        async with session.get(f"{server.url}/metrics") as resp:
+            assert resp.status == 200

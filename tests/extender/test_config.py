@@ -41,3 +41,18 @@ def test_bad_listen_names_field_value_and_example(listen: str, must_contain: lis
     assert "listen:" in message
     assert "e.g. 127.0.0.1:8450" in message
     assert "from flag for listen" in message
+
+
+def test_the_metrics_listener_takes_its_own_port() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            ExtenderConfig,
+            env={},
+            env_prefix=ENV_PREFIX,
+            flags={"listen": "127.0.0.1:8450", "metrics_listen": "0.0.0.0:8450"},
+        )
+    assert "must use another port than listen" in str(info.value)
+    assert ExtenderConfig(metrics_listen="0.0.0.0:8451").metrics_listen == "0.0.0.0:8451"
+    with pytest.raises(ConfigError) as bad:
+        load_config(ExtenderConfig, env={}, env_prefix=ENV_PREFIX, flags={"metrics_listen": "8451"})
+    assert "metrics_listen" in str(bad.value)

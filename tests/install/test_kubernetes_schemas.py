@@ -187,7 +187,8 @@ def test_bootstrap_mode_renders_no_cert_manager_objects() -> None:
 def test_service_monitors_select_services_that_exist() -> None:
     objects = render(EVERYTHING)
     monitors = find(objects, "ServiceMonitor")
-    assert len(monitors) == 2
+    # the agent, the webhook and the scheduler extender (its metrics-only listener)
+    assert len(monitors) == 3
     services = find(objects, "Service")
     for monitor in monitors:
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -206,6 +207,23 @@ def test_service_monitors_select_services_that_exist() -> None:
             assert endpoint["port"] in ports
             assert endpoint["path"] == "/metrics"
             assert GO_DURATION.fullmatch(endpoint["interval"])
+
+
+def test_the_extender_is_scraped_on_its_metrics_listener_not_its_verbs() -> None:
+    """The extender's verbs (which bind pods) stay on loopback; Prometheus reaches only the
+    second listener, whose port the scheduler pod names "metrics"."""
+    objects = render(EVERYTHING)
+    deployment = one(objects, "Deployment", "metagpu-scheduler")
+    extender = next(
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"
+    )
+    args = extender["args"]
+    assert args[args.index("--listen") + 1].startswith("127.0.0.1:")
+    metrics = args[args.index("--metrics-listen") + 1]
+    assert metrics == "0.0.0.0:8451"
+    assert extender["ports"] == [{"name": "metrics", "containerPort": 8451, "protocol": "TCP"}]
+    service = one(objects, "Service", "metagpu-scheduler-metrics")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
 
 
 def test_webhook_service_monitor_verifies_the_webhook_certificate() -> None:
