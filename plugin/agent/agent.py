@@ -597,6 +597,7 @@ class AgentRuntime:
                 node_name=settings.node_name,
                 version=self.version,
                 backend=backend.kind,
+                agent_uid=os.getuid(),
             ),
             self.socket_path,
         )
@@ -625,8 +626,8 @@ class AgentRuntime:
         if node is None:
             logger.warning(
                 "no node name (set NODE_NAME from the downward API): running without the "
-                "Kubernetes API; no pod names, Events or node labels, and only host root can "
-                "use mgctl"
+                "Kubernetes API; no pod names, Events or node labels, and only host root (or "
+                "the agent's own user) can use mgctl"
             )
             return None, None, None, lambda: "the agent has no node name, so it does not watch pods"
         try:

@@ -107,6 +107,9 @@ class ApiContext:
     backend: str
     open_process: Callable[..., ProcessHandle] = field(default=open_process)
     """Pins a process before a kill (:func:`plugin.agent.processes.open_process`)."""
+    agent_uid: int | None = None
+    """The agent's own UID: host processes of that user get node scope too
+    (:func:`plugin.agent.identity.identify`); None: root only."""
 
 
 CONTEXT: Final = web.AppKey("context", ApiContext)
@@ -142,6 +145,7 @@ def identify_request(request: web.Request) -> Caller:
         agent_cgroup=ctx.agent_cgroup,
         node_name=ctx.node_name,
         pods_problem=ctx.pods_problem(),
+        agent_uid=ctx.agent_uid,
     )
     peer.confirm(proc_root=ctx.proc_root)
     return caller

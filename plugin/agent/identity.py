@@ -11,6 +11,11 @@ and the PID's cgroup names its container (:mod:`plugin.agent.cgroups`). Then:
   cgroup, or in the agent's own container (``kubectl exec`` into the agent:
   the very cgroup the agent runs in, not merely one named after it) →
   **node scope**: everything;
+* a host process of the agent's own UID, when the agent does not run as root
+  (``metagpu dev`` on a workstation) → **node scope** too: that user can
+  already read and signal the agent and everything the agent may signal, so
+  this grants nothing new (on a node the agent is root, and this is the rule
+  above);
 * anything else → refused, with the reason.
 
 The original MetaGPU used a JWT signed with a secret committed in its chart:
@@ -71,12 +76,14 @@ def identify(
     agent_cgroup: str | None,
     node_name: str | None,
     pods_problem: str | None = None,
+    agent_uid: int | None = None,
 ) -> Caller:
     """Decide the caller's scope from its peer credentials. Raises :class:`CallerRefusedError`.
 
     ``agent_cgroup`` is the cgroup path of the agent's own container (None
     when the agent runs on the host); ``pods_problem`` explains why the pod
-    index may be incomplete, so a refusal can say so.
+    index may be incomplete, so a refusal can say so. ``agent_uid`` is the
+    agent's own UID (None: only root on the host has node scope).
     """
     if pid <= 0:
         raise CallerRefusedError(
@@ -104,6 +111,8 @@ def identify(
             )
         if uid == 0:
             return Caller(pid=pid, uid=uid, scope="node", container=None, via="host root")
+        if agent_uid is not None and uid == agent_uid:
+            return Caller(pid=pid, uid=uid, scope="node", container=None, via="the agent's user")
         raise CallerRefusedError(
             f"PID {pid} is a host process running as UID {uid}, not in a pod's container; "
             "only root on the host (or a pod's own containers) may use the agent"

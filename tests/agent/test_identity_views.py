@@ -66,6 +66,23 @@ def test_host_root_sees_the_node(tmp_path: Path, index: PodIndex) -> None:
     assert caller.via == "host root"
 
 
+def test_a_host_process_of_the_agents_own_user_sees_the_node(
+    tmp_path: Path, index: PodIndex
+) -> None:
+    # metagpu dev on a workstation runs the agent as the developer: that user can
+    # read and signal the agent anyway. Any other non-root user stays refused, and
+    # the same UID inside a pod's container keeps container scope.
+    place_on_host(tmp_path, 610)
+    kw = {"proc_root": tmp_path, "lookup": index.lookup, "agent_cgroup": None}
+    caller = identify(610, 1000, node_name="node-a", agent_uid=1000, **kw)  # type: ignore[arg-type]
+    assert (caller.scope, caller.via) == ("node", "the agent's user")
+    with pytest.raises(CallerRefusedError, match="host process running as UID 1001"):
+        identify(610, 1001, node_name="node-a", agent_uid=1000, **kw)  # type: ignore[arg-type]
+    place_in_container(tmp_path, 611, ref("a"))
+    inside = identify(611, 1000, node_name="node-a", agent_uid=1000, **kw)  # type: ignore[arg-type]
+    assert inside.scope == "container"
+
+
 def test_agent_container_root_sees_the_node(tmp_path: Path, index: PodIndex) -> None:
     agent = container_id("metagpu/agent")
     agent_cgroup = f"/kubepods/besteffort/pod1/{agent}"
