@@ -1,14 +1,23 @@
 """``metagpu top``: a live picture of one node's GPUs, refreshing like ``top``.
 
-One block per GPU: a bar each for units allocated, memory used and SM used,
-then a row per container holding a share of it (its share, memory used
-against its limit, SM). It reads the node agent's ``GET /v1/devices`` over
-the agent's socket, as ``mgctl get devices`` does on the node (node scope: run
-it on the node, or ``kubectl exec`` into the agent pod).
+It reads the node agent's ``GET /v1/devices`` over the agent's socket, as
+``mgctl get devices`` does (node scope: root on the node, or ``kubectl exec``
+into the agent pod; a container sees its own shares). The frame itself is
+:func:`metagpu.top_view.render_screen`, pure; this module decides when to draw
+and how:
 
-:func:`render_screen` is pure (a document and a width in, lines out); the
-loop draws it on the alternate screen every ``--interval`` seconds and quits
-on ``q`` (or Ctrl-C). ``--once`` prints one frame and exits, for scripts.
+* on a terminal: the alternate screen with the cursor hidden, redrawn in
+  place every ``--interval`` seconds, at once on a resize or any key, until
+  ``q`` (or Ctrl-C, or SIGTERM); the terminal's modes and screen are restored
+  however it ends;
+* piped, or with ``-n/--iterations``: plain frames with no escape codes, one
+  after another (``-n`` of them, or until interrupted), for scripts and logs.
+
+Why ``metagpu top`` and not ``mgctl top``: ``mgctl`` is one standard-library
+file copied into every tenant container, and tenants have no node scope to
+draw; the node view belongs where the operator has it (the agent's image and
+the host, where ``metagpu`` is installed). A tenant keeps ``mgctl get devices
+--watch``.
 """
 
 from __future__ import annotations
@@ -18,119 +27,38 @@ import contextlib
 import os
 import select
 import shutil
+import signal
 import sys
 import termios
 import time
 import tty
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, TextIO
+from types import FrameType
+from typing import Final, TextIO
 
-from plugin.agent.mgctl import AgentClient, MgctlError, socket_path
-from plugin.api.commands import EXIT_FAILURE, Command
-
-Json = dict[str, Any]
+from metagpu.top_view import render_error, render_screen
+from plugin.agent.mgctl import AgentClient, MgctlError, positive_float, socket_path
+from plugin.api.commands import EXIT_FAILURE, EXIT_OK, Command
 
 ENTER_SCREEN: Final = "\x1b[?1049h\x1b[?25l"
-"""Alternate screen, cursor hidden (as top does)."""
+"""Alternate screen, cursor hidden (as top does): the shell's screen comes back on exit."""
 LEAVE_SCREEN: Final = "\x1b[?25h\x1b[?1049l"
-CLEAR: Final = "\x1b[H\x1b[2J"
-BAR_MIN: Final = 10
-BAR_MAX: Final = 50
+HOME: Final = "\x1b[H"
+ERASE_LINE: Final = "\x1b[K"
+ERASE_BELOW: Final = "\x1b[J"
+QUIT_KEYS: Final = frozenset(b"qQ")
+PIPED_WIDTH: Final = 120
+"""Width of a frame written to a pipe without ``$COLUMNS``: wide enough for a row's
+limits, narrow enough for a log viewer."""
+DEFAULT_INTERVAL_S: Final = 2.0
+"""top's own default is 3 s; the agent reads every 5 s by default, so 2 s shows each
+reading within a second or two without asking the agent more often than it changes."""
+REQUEST_TIMEOUT_S: Final = 5.0
+"""Shorter than mgctl's 10 s: the view does not answer ``q`` while a request waits."""
 
 
-def bar(fraction: float | None, width: int, *, ascii_only: bool = False) -> str:
-    """``[████░░░░]``: ``fraction`` (0-1, clamped) of ``width`` cells; ``[?…]`` when unknown."""
-    full, empty = ("#", ".") if ascii_only else ("█", "░")
-    if fraction is None:
-        return "[" + "?" * width + "]"
-    filled = round(max(0.0, min(1.0, fraction)) * width)
-    return "[" + full * filled + empty * (width - filled) + "]"
-
-
-def _ratio(part: Any, whole: Any) -> float | None:
-    if part is None or not whole:
-        return None
-    return float(part) / float(whole)
-
-
-def _mib(value: Any) -> str:
-    return "-" if value is None else f"{int(value)}"
-
-
-def render_screen(doc: Json, *, width: int, ascii_only: bool = False) -> list[str]:
-    """The lines of one frame for a node-scope ``DeviceList`` document."""
-    width = max(width, 40)
-    bar_width = max(BAR_MIN, min(BAR_MAX, width - 36))
-    node = doc.get("node") or "?"
-    stale = doc.get("stale") or []
-    lines = [
-        f"metagpu top  node {node}  taken {doc.get('takenAt', '?')}"
-        + (f"  STALE: {', '.join(stale)}" if stale else "")
-        + "  (q quits)",
-        "",
-    ]
-    items = doc.get("items") or []
-    if not items:
-        lines.append("no GPUs on this node")
-    for gpu in items:
-        health = "healthy" if gpu.get("healthy") else f"UNHEALTHY: {gpu.get('problem') or ''}"
-        lines.append(f"GPU {gpu.get('index')}  {gpu.get('name')}  {health}".rstrip())
-        total, allocated = gpu.get("unitsTotal") or 0, gpu.get("unitsAllocated") or 0
-        used, mem_total = gpu.get("memoryUsedMiB"), gpu.get("memoryTotalMiB")
-        util = gpu.get("utilizationPercent")
-        rows = [
-            ("units", _ratio(allocated, total), f"{allocated}/{total}"),
-            ("memory", _ratio(used, mem_total), f"{_mib(used)}/{_mib(mem_total)} MiB"),
-            ("SM", None if util is None else util / 100, "-" if util is None else f"{util}%"),
-        ]
-        lines += [
-            f"  {name:<7}{bar(frac, bar_width, ascii_only=ascii_only)}  {text}"
-            for name, frac, text in rows
-        ]
-        other = gpu.get("otherOwner")
-        if other:
-            lines.append(f"  also served by {', '.join(other.get('resources') or [])}")
-        shares = gpu.get("shares") or []
-        if shares:
-            who = [f"{s.get('namespace')}/{s.get('pod')}/{s.get('container')}" for s in shares]
-            name_width = max(len("CONTAINER"), *map(len, who))
-            lines.append(f"  {'CONTAINER':<{name_width}}  SHARE   MEMORY USED/LIMIT MiB   SM")
-            for name, s in zip(who, shares, strict=True):
-                limit = s.get("memoryLimitMiB")
-                memory = f"{_mib(s.get('memoryUsedMiB'))}/{_mib(limit)}"
-                if s.get("overLimit"):
-                    memory += " OVER"
-                sm = s.get("utilizationPercent")
-                lines.append(
-                    f"  {name:<{name_width}}  {s.get('sharePercent', 0):>5g}%  "
-                    f"{memory:<22}  {'-' if sm is None else f'{sm}%'}"
-                )
-        lines.append("")
-    return [line[:width] for line in lines]
-
-
-@contextlib.contextmanager
-def _screen(out: TextIO, keys: int | None) -> Iterator[None]:
-    """Alternate screen on ``out``; ``keys`` (a terminal) in cbreak mode; both restored."""
-    saved = termios.tcgetattr(keys) if keys is not None else None
-    if keys is not None:
-        tty.setcbreak(keys)
-    out.write(ENTER_SCREEN)
-    out.flush()
-    try:
-        yield
-    finally:
-        out.write(LEAVE_SCREEN)
-        out.flush()
-        if keys is not None and saved is not None:
-            termios.tcsetattr(keys, termios.TCSADRAIN, saved)
-
-
-def _frame(client: AgentClient, width: int, ascii_only: bool) -> list[str]:
-    try:
-        return render_screen(client.get("/devices"), width=width, ascii_only=ascii_only)
-    except MgctlError as exc:
-        return ["metagpu top: " + line for line in str(exc).splitlines()] + ["(retrying)"]
+class _StopError(Exception):
+    """SIGTERM while drawing: leave through the same ``finally`` as ``q``."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -140,39 +68,177 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the agent's socket (default $METAGPU_AGENT_SOCKET or /var/run/metagpu/agent.sock)",
     )
     parser.add_argument(
-        "--interval", type=float, default=2.0, help="seconds between refreshes (default 2)"
+        "-d",
+        "--interval",
+        type=positive_float,
+        default=DEFAULT_INTERVAL_S,
+        help="seconds between refreshes (default %(default)g)",
     )
-    parser.add_argument("--once", action="store_true", help="print one frame and exit")
-    parser.add_argument("--timeout", type=float, default=5.0, help="per request (default 5 s)")
+    parser.add_argument(
+        "-n",
+        "--iterations",
+        type=_positive_int,
+        default=None,
+        help="batch mode: print N plain frames (no escape codes), --interval apart, and exit",
+    )
+    parser.add_argument("--once", action="store_true", help="the same as -n 1")
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=REQUEST_TIMEOUT_S,
+        help="seconds per request (default %(default)g)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     client = AgentClient(socket_path(args.socket), timeout_s=args.timeout)
     out = sys.stdout
-    ascii_only = (out.encoding or "").lower().replace("-", "") != "utf8"
-    if args.once:
-        try:
-            doc = client.get("/devices")
-        except MgctlError as exc:
-            print(f"metagpu top: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
-        width = shutil.get_terminal_size().columns
-        print("\n".join(render_screen(doc, width=width, ascii_only=ascii_only)))
-        return 0
+    iterations = 1 if args.once else args.iterations
+    if iterations is not None or not out.isatty():
+        return _batch(client, out, iterations=iterations, interval_s=args.interval)
     keys = sys.stdin.fileno() if sys.stdin.isatty() else None
-    with _screen(out, keys):
-        while True:
-            width = shutil.get_terminal_size().columns
-            out.write(CLEAR + "\n".join(_frame(client, width, ascii_only)) + "\n")
+    return _live(client, out, keys=keys, interval_s=args.interval)
+
+
+# ------------------------------------------------------------------- batch
+def _batch(client: AgentClient, out: TextIO, *, iterations: int | None, interval_s: float) -> int:
+    """Plain frames, a blank line apart; an agent that fails ends it with exit 1.
+
+    Failing rather than retrying: a script that asked for N frames should not
+    wait N timeouts to learn the agent is not there.
+    """
+    ascii_only = _ascii_only(out)
+    count = 0
+    try:
+        while iterations is None or count < iterations:
+            if count:
+                time.sleep(interval_s)  # nothing to react to without a terminal
+            try:
+                doc = client.get("/devices")
+            except MgctlError as exc:
+                print(f"metagpu top: {exc}", file=sys.stderr)
+                return exc.exit_code or EXIT_FAILURE
+            width = shutil.get_terminal_size((PIPED_WIDTH, 24)).columns
+            frame = render_screen(doc, width=width, ascii_only=ascii_only)
+            out.write(("\n" if count else "") + "\n".join(frame) + "\n")
             out.flush()
-            deadline = time.monotonic() + args.interval
-            while (left := deadline - time.monotonic()) > 0:
-                if keys is None:
-                    time.sleep(left)
-                    break
-                ready, _, _ = select.select([keys], [], [], left)
-                if ready and os.read(keys, 32).lower().startswith(b"q"):
-                    return 0
+            count += 1
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:  # metagpu top | head
+        # As the Python docs advise: point stdout at /dev/null so the flush at
+        # exit does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_OK
+    return EXIT_OK
+
+
+# -------------------------------------------------------------------- live
+def _live(client: AgentClient, out: TextIO, *, keys: int | None, interval_s: float) -> int:
+    hint = f"q quits, every {interval_s:g}s"
+    ascii_only = _ascii_only(out)
+    with _terminal(out, keys) as wake:
+        try:
+            while True:
+                size = os.get_terminal_size(out.fileno())
+                try:
+                    frame = render_screen(
+                        client.get("/devices"),
+                        width=size.columns,
+                        height=size.lines,
+                        ascii_only=ascii_only,
+                        hint=hint,
+                    )
+                except MgctlError as exc:
+                    frame = render_error(str(exc), width=size.columns, hint=hint)
+                out.write(_draw(frame[: size.lines]))
+                out.flush()
+                if _wait(keys, wake, interval_s):
+                    return EXIT_OK
+        except (KeyboardInterrupt, _StopError):
+            return EXIT_OK
+
+
+def _draw(frame: Sequence[str]) -> str:
+    """In place: home, each line then erase its rest, erase below. No full clear,
+    so a redraw does not flicker."""
+    return (
+        HOME
+        + "".join(line + ERASE_LINE + "\r\n" for line in frame[:-1])
+        + ((frame[-1] + ERASE_LINE if frame else "") + ERASE_BELOW)
+    )
+
+
+def _wait(keys: int | None, wake: int, interval_s: float) -> bool:
+    """Until the next refresh: True when ``q`` was pressed. Any other key and a
+    resize (``wake``, the SIGWINCH wake-up pipe) end the wait early."""
+    deadline = time.monotonic() + interval_s
+    watched = [wake] if keys is None else [keys, wake]
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select(watched, [], [], left)
+        if wake in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake, 512)
+            return False
+        if keys is not None and keys in ready:
+            pressed = os.read(keys, 64)
+            if not pressed:  # the terminal went away
+                return True
+            return any(k in QUIT_KEYS for k in pressed)
+    return False
+
+
+@contextlib.contextmanager
+def _terminal(out: TextIO, keys: int | None) -> Iterator[int]:
+    """Alternate screen and cbreak keys (no echo, one key at a time, Ctrl-C still a
+    signal); yields a pipe that a resize wakes. Everything is put back on the way
+    out, whatever the way out is."""
+    saved = termios.tcgetattr(keys) if keys is not None else None
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    old_winch = signal.signal(signal.SIGWINCH, lambda *_: None)  # the wake-up fd does the work
+    old_term = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        if keys is not None:
+            tty.setcbreak(keys, termios.TCSANOW)
+        out.write(ENTER_SCREEN)
+        out.flush()
+        yield wake_r
+    finally:
+        with contextlib.suppress(OSError):
+            out.write(LEAVE_SCREEN)
+            out.flush()
+        if keys is not None and saved is not None:
+            with contextlib.suppress(termios.error):
+                termios.tcsetattr(keys, termios.TCSADRAIN, saved)
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGWINCH, old_winch)
+        signal.set_wakeup_fd(old_wakeup)
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _StopError
+
+
+def _ascii_only(out: TextIO) -> bool:
+    """Block characters only where the output encoding can carry them."""
+    return (getattr(out, "encoding", "") or "").lower().replace("-", "") != "utf8"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
 
 
 COMMANDS: Final[Sequence[Command]] = (
