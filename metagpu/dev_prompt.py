@@ -21,6 +21,8 @@ commands (type them here; Ctrl-C or `quit` stops everything):
                     assigns (or why the node is refused), then admit it on that GPU
   release 1|all     end allocation #1 (or every allocation)
   devices           per-GPU health and free units, as the kubelet sees them
+  top               the node agent's picture: per GPU a bar for units, memory and SM, a row
+                    per container (the live view: `metagpu top --socket …`, printed above)
   xid 2 79          simulate XID 79 on GPU index 2 (appends it to the GPUs file)
   other 1|none      pretend NVIDIA's device plugin also serves GPU index 1 (none: no GPU);
                     metagpu withdraws a GPU another plugin hands out
@@ -60,6 +62,11 @@ class ShowDevices:
 
 
 @dataclass(frozen=True)
+class ShowTop:
+    """One frame of ``metagpu top`` from the session's node agent."""
+
+
+@dataclass(frozen=True)
 class InjectXid:
     gpu_index: int
     xid: int
@@ -91,6 +98,7 @@ PromptCommand = (
     | Schedule
     | Release
     | ShowDevices
+    | ShowTop
     | InjectXid
     | OtherPlugin
     | KillMpsDaemon
@@ -116,6 +124,10 @@ def parse_prompt(line: str, *, units_per_gpu: int) -> PromptCommand | None:
         return Quit()
     if verb in ("devices", "list", "ls"):
         return ShowDevices()
+    if verb == "top":
+        if args:
+            raise PromptError("usage: top (takes no arguments)")
+        return ShowTop()
     if verb == "allocate":
         if len(args) != 1:
             raise PromptError("usage: allocate <units or GPU fraction>, e.g. allocate 0.5")

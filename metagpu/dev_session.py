@@ -7,6 +7,11 @@ and it registers over real gRPC with :class:`metagpu.kubelet_sim.KubeletSim`,
 which then allocates the way the kubelet does. Only the GPUs and the kubelet
 are stand-ins, because this machine has neither.
 
+Beside them runs the real node agent (:class:`plugin.agent.agent.AgentRuntime`) on
+the same simulated GPUs and the simulated kubelet's PodResources API, without a
+Kubernetes API (no pod watch, labels or Events), so ``top`` at the prompt and
+``metagpu top`` in another terminal draw the node as an operator sees one.
+
 The session prints how to try it, makes one demo allocation, and reads
 commands on stdin (see :data:`metagpu.dev_prompt.PROMPT_HELP`). It stops on Ctrl-C,
 SIGTERM, ``quit``, or end of input from a terminal; everything it started is
@@ -17,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import shutil
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -42,11 +49,15 @@ from metagpu.dev_prompt import (
     Schedule,
     ShowDevices,
     ShowHelp,
+    ShowTop,
     parse_prompt,
 )
 from metagpu.dev_schedule import GpuRow, decide
 from metagpu.examples import EXAMPLE_POD, EXAMPLE_REVIEW
 from metagpu.kubelet_sim import KubeletSim, KubeletSimError, PluginConnection
+from metagpu.top_view import render_screen
+from plugin.agent.agent import AgentRuntime
+from plugin.agent.mgctl import AgentClient, MgctlError
 from plugin.api.config import ENV_PREFIX as PLUGIN_ENV_PREFIX
 from plugin.api.config import PluginConfig
 from plugin.api.resources import ENV_MPS_PINNED_DEVICE_MEM_LIMIT, parse_replica_id
@@ -71,6 +82,12 @@ OTHER_RESOURCE: Final = "nvidia.com/gpu"
 STOP_TIMEOUT_S: Final = 20.0
 READY_LINE: Final = "metagpu dev is running"
 """First line of the banner; tests wait for it."""
+AGENT_INTERVAL_S: Final = 1.0
+"""The dev agent reads every second (5 s on a node), so `top` after `allocate` is current."""
+AGENT_WAIT_S: Final = 5.0
+"""How long `top` waits for the agent's next reading before drawing the last one."""
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,6 +123,8 @@ class _Session:
     mps_changed: asyncio.Event = field(default_factory=asyncio.Event)
     limits: dict[int, str] = field(default_factory=dict)
     """Allocation number → the memory limits Allocate handed out (``CUDA_MPS_…``)."""
+    agent: AgentRuntime | None = None
+    """The node agent behind `top`; None when it could not start (the banner said why)."""
 
 
 def run_dev(options: DevOptions) -> int:
@@ -176,10 +195,12 @@ async def _main(options: DevOptions) -> int:
                 if supervisor.board is not None:
                     session.board = supervisor.board
                     supervisor.board.add_listener(lambda board: _note_mps(session, board))
-                _banner(session)
-                await _demo(session)
-                say(PROMPT_HELP)
-                await _prompt_loop(session, lines=lines, stop=stop, plugin=plugin)
+                async with _node_agent(plugin_config) as (agent, agent_problem):
+                    session.agent = agent
+                    _banner(session, agent_problem)
+                    await _demo(session)
+                    say(PROMPT_HELP)
+                    await _prompt_loop(session, lines=lines, stop=stop, plugin=plugin)
             finally:
                 supervisor.request_stop()
                 with contextlib.suppress(TimeoutError):
@@ -205,6 +226,42 @@ def _mps_flags(run_dir: Path) -> dict[str, object]:
         "mps.health_interval_s": 0.5,
         "mps.restart_backoff_s": 0.5,
     }
+
+
+@contextlib.asynccontextmanager
+async def _node_agent(
+    plugin_config: PluginConfig,
+) -> AsyncIterator[tuple[AgentRuntime | None, str | None]]:
+    """The node agent on the session's GPUs and PodResources socket, or None and why.
+
+    A session without its agent still shows everything else, so a failure to
+    start it (a socket path over 108 bytes, a port in use) is reported, not fatal.
+    """
+    agent = plugin_config.agent.model_copy(
+        update={
+            "node_name": None,  # no cluster: no pod watch, labels, ledger or Events
+            "metrics_listen": "127.0.0.1:0",
+            "interval_s": AGENT_INTERVAL_S,
+            "label_node": False,
+            "publish_ledger": False,
+        }
+    )
+    runtime = AgentRuntime(plugin_config.model_copy(update={"agent": agent}), open_api=_no_cluster)
+    try:
+        await runtime.__aenter__()
+    except Exception as exc:  # every cause is shown the same way: the banner says it
+        logger.exception("the node agent did not start")
+        yield None, f"{type(exc).__name__}: {exc}"
+        return
+    try:
+        yield runtime, None
+    finally:
+        await runtime.__aexit__(None, None, None)
+
+
+def _no_cluster() -> Any:
+    """The agent never asks: it has no node name, so it opens no Kubernetes client."""
+    raise RuntimeError("metagpu dev has no Kubernetes API")
 
 
 def _note_mps(s: _Session, board: HealthBoard) -> None:
@@ -268,7 +325,7 @@ def _shown(path: Path) -> str:
     return str(path)
 
 
-def _banner(s: _Session) -> None:
+def _banner(s: _Session, agent_problem: str | None) -> None:
     conn = s.kubelet.plugins[s.resource]
     per_gpu = _by_gpu(conn)
     ca_file = s.hook.ca_file or s.hook.tls.cert_file
@@ -286,6 +343,12 @@ def _banner(s: _Session) -> None:
         f"registered with the simulated kubelet at {_shown(s.kubelet.socket_path)}"
     )
     say(f"  GPUs file    {_shown(s.gpus_file)} (edit it: append 79 to a GPU's xids)")
+    if s.agent is not None:
+        say(f"node agent     {_shown(s.agent.socket_path)} (no Kubernetes API: pods show as dev/…)")
+        say(f"  live view    .venv/bin/metagpu top --socket {_shown(s.agent.socket_path)}")
+        say("               (in another terminal; `top` here prints one frame)")
+    else:
+        say(f"node agent     did not start ({agent_problem}); `top` is unavailable")
     say()
 
 
@@ -387,6 +450,8 @@ async def _execute(s: _Session, command: PromptCommand) -> None:
             _release(s, command)
         elif isinstance(command, ShowDevices):
             _show_devices(s)
+        elif isinstance(command, ShowTop):
+            await _show_top(s)
         elif isinstance(command, OtherPlugin):
             await _other_plugin(s, command)
         elif isinstance(command, InjectXid):
@@ -503,6 +568,28 @@ def _show_devices(s: _Session) -> None:
             "  (compute: fixed pods also get CUDA_MPS_ACTIVE_THREAD_PERCENTAGE from the "
             "webhook; the kubelet's Allocate does not know the pod)"
         )
+
+
+async def _show_top(s: _Session) -> None:
+    """One frame of ``metagpu top``, through the agent's socket as the live view reads it,
+    after the agent's next reading (so an allocation just made is in it)."""
+    if s.agent is None:
+        say("error: the node agent is not running in this session (the banner said why)")
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(AGENT_WAIT_S):
+            await s.agent.agent.next_cycle()
+    client = AgentClient(str(s.agent.socket_path), timeout_s=AGENT_WAIT_S)
+    try:
+        # A thread: the agent answering it runs on this very event loop.
+        doc = await asyncio.to_thread(client.get, "/devices")
+    except MgctlError as exc:
+        say(f"error: {exc}")
+        return
+    width = shutil.get_terminal_size((100, 24)).columns
+    ascii_only = (sys.stdout.encoding or "").lower().replace("-", "") != "utf8"
+    for line in render_screen(doc, width=width, ascii_only=ascii_only):
+        say(line)
 
 
 async def _kill_mps_daemon(s: _Session) -> None:

@@ -29,6 +29,7 @@ from metagpu.dev_prompt import (
     Schedule,
     ShowDevices,
     ShowHelp,
+    ShowTop,
     parse_prompt,
 )
 from metagpu.dev_session import READY_LINE
@@ -47,6 +48,7 @@ from tests.conftest import REPO_ROOT
         pytest.param("release 2", Release(number=2), id="release-one"),
         pytest.param("release all", Release(number=None), id="release-all"),
         pytest.param("devices", ShowDevices(), id="devices"),
+        pytest.param("top", ShowTop(), id="top"),
         pytest.param("xid 0 79", InjectXid(gpu_index=0, xid=79), id="xid"),
         pytest.param("other 1", OtherPlugin(gpu_index=1), id="other"),
         pytest.param("other none", OtherPlugin(gpu_index=None), id="other-none"),
@@ -74,6 +76,7 @@ def test_prompt_commands(line: str, expected: object) -> None:
         pytest.param("xid ² 79", "GPU index must be a whole number", id="xid-unicode-digit"),
         pytest.param("launch", "unknown command 'launch'", id="unknown"),
         pytest.param("mps", "usage: mps kill", id="mps-without-kill"),
+        pytest.param("top 1", "usage: top", id="top-with-argument"),
         pytest.param("allocate " + "9" * 5000, "has 5000 digits; at most 9", id="huge-amount"),
         pytest.param("xid 0 " + "7" * 5000, "XID 777777777777… has 5000", id="huge-xid"),
         pytest.param("release " + "1" * 4301, "has 4301 digits", id="huge-release"),
@@ -182,6 +185,16 @@ def test_dev_session_end_to_end(session: Session, tmp_path: Path) -> None:
     assigned = session.wait_line("extender: assigned 70 on GPU ")
     placed = session.wait_line("#2 allocate 0.7 -> 70 units: 70 on GPU ")
     assert assigned.split("assigned ", 1)[1] == placed.split("units: ", 1)[1]
+    # The node agent's picture of it (issue 30, item 5): 150 + 70 units as bars and rows.
+    assert any(
+        line.startswith("  live view    .venv/bin/metagpu top --socket ") for line in session.seen
+    )
+    session.send("top")
+    session.wait_line("metagpu top  node (no name)  at ")
+    full = session.wait_line("100/100 allocated")
+    assert full.startswith("  units  [")
+    session.wait_line("CONTAINER ")
+    assert "mem advisory" in session.wait_line("  dev/alloc-")
     session.send("schedule 3.0")
     assert "needs 300 units, 180 free" in session.wait_line("extender: node refused:")
     session.send("allocate 0.333")
