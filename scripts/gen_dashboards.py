@@ -432,6 +432,24 @@ def cluster() -> dict[str, Any]:
     )
     p.add(
         "timeseries",
+        "Pending pods: why no node fits",
+        [
+            (
+                "sum by (reason) (rate(metagpu_extender_unschedulable_total[" + RATE + "]))",
+                "{{reason}}",
+            )
+        ],
+        w=8,
+        unit="ops",
+        description="Filter calls that passed no node, by the rule that refused the most "
+        "nodes (no_single_gpu: no GPU has the fraction free; too_few_whole_gpus; "
+        "too_few_units; reused_gpu_full and reuse_spread: an init container's units; "
+        "no_usable_ledger: agents not reporting; cannot_cap_fixed: a fixed pod and no "
+        "MPS node). kube-scheduler retries pending pods, so these are attempts per "
+        "second; the pod's FailedScheduling event has the figures per node.",
+    )
+    p.add(
+        "timeseries",
         "Binds",
         [("sum by (outcome) (rate(metagpu_extender_binds_total[" + RATE + "]))", "{{outcome}}")],
         w=8,

@@ -70,7 +70,10 @@ class BulkDecisions:
         fits = usable & placed.fits[rows]
         refused = usable & ~fits
         failed: dict[str, str] = {}
+        refused_by: dict[int, int] = {}
         if refused.any():
+            kinds, counts = np.unique(placed.outcome[rows[refused]], return_counts=True)
+            refused_by = dict(zip(kinds.tolist(), counts.tolist(), strict=True))
             keys, inverse = distinct_rows(placed.refusal_keys(rows[refused]))
             words = np.array(node_reasons(keys, ask.containers), dtype=object)
             failed = dict(
@@ -79,7 +82,9 @@ class BulkDecisions:
         unresolvable = {
             names[i]: self.matrix.problem(int(rows[i])) for i in np.flatnonzero(~usable).tolist()
         }
-        return FilterOutcome(tuple(compress(names, fits.tolist())), failed, unresolvable)
+        return FilterOutcome(
+            tuple(compress(names, fits.tolist())), failed, unresolvable, refused_by
+        )
 
     def prioritize(self, ask: PodAsk, names: Sequence[str]) -> list[tuple[str, int]] | None:
         """prioritize's ``(node, score)`` list, or None when this path cannot decide."""

@@ -21,9 +21,9 @@ uses this module.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -65,6 +65,9 @@ class FilterOutcome:
     unresolvable: dict[str, str]
     """The node has no usable GPU ledger: preemption cannot help, so the scheduler skips
     it in its preemption phase (``FailedAndUnresolvableNodes``)."""
+    refused_by: Mapping[int, int] = field(default_factory=dict)
+    """Refusal kind (:mod:`plugin.placement.refusals`) → nodes of ``failed`` it refused:
+    why a pod that fits nowhere waits, for the metrics."""
 
 
 class PlacementMemo:
@@ -268,7 +271,8 @@ def filter_nodes(
     distinct = list(dict.fromkeys(refused.values()))
     words = dict(zip(distinct, node_reasons(distinct, ask.containers), strict=True))
     failed = {name: words[key] for name, key in refused.items()}
-    return FilterOutcome(tuple(passed), failed, unresolvable)
+    refused_by = Counter(key[0] for key in refused.values())
+    return FilterOutcome(tuple(passed), failed, unresolvable, dict(refused_by))
 
 
 def score(placement: PodPlacement, view: NodeView, policy: AllocationPolicy) -> int:

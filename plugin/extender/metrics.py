@@ -26,6 +26,8 @@ from typing import Final, Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from plugin.placement.refusals import REASON_NAMES
+
 Verb = Literal["filter", "prioritize", "bind", "preempt"]
 VERBS: Final[tuple[Verb, ...]] = ("filter", "prioritize", "bind", "preempt")
 
@@ -40,6 +42,18 @@ EVICTION_OUTCOMES: Final[tuple[EvictionOutcome, ...]] = ("evicted", "gone", "ref
 METRICS_CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS_S: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+
+
+UNSCHEDULABLE_REASONS: Final = (
+    *REASON_NAMES.values(),
+    "no_usable_ledger",
+    "cannot_cap_fixed",
+    "unreadable_pod",
+    "no_nodes",
+    "other",
+)
+"""Every value of ``metagpu_extender_unschedulable_total``'s ``reason`` (exposed at 0 from
+the start, so a rate over them exists before the first pod waits)."""
 
 
 class ExtenderMetrics:
@@ -61,6 +75,15 @@ class ExtenderMetrics:
         self.nodes_failed = Counter(
             "metagpu_extender_filtered_out_nodes",
             "Nodes the filter refused (the pod's GPUs would not fit the plugin's way).",
+            registry=self.registry,
+        )
+        self.unschedulable = Counter(
+            "metagpu_extender_unschedulable",
+            "Filter calls that passed no node, by why: the rule that refused the most nodes "
+            "(too_few_units, too_few_whole_gpus, no_single_gpu, reuse_spread, "
+            "reused_gpu_full), no_usable_ledger, cannot_cap_fixed, unreadable_pod, no_nodes. "
+            "kube-scheduler retries a pending pod, so this counts attempts, not pods.",
+            ("reason",),
             registry=self.registry,
         )
         self.binds = Counter(
@@ -112,6 +135,8 @@ class ExtenderMetrics:
                 self.requests.labels(verb, outcome)
         for outcome in ("bound", "refused", "failed"):
             self.binds.labels(outcome)
+        for reason in UNSCHEDULABLE_REASONS:
+            self.unschedulable.labels(reason)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -162,10 +162,12 @@ async def handle_filter(request: web.Request) -> web.Response:
         args = parse_args(body)
         if not state.cache.ready:
             return filter_result(args, (), {}, error=NOT_SYNCED)
-        result = state.core.filter(args)
+        result, waits_because = state.core.filter_with_reason(args)
         state.metrics.nodes_failed.inc(
             len(result["FailedNodes"]) + len(result["FailedAndUnresolvableNodes"])
         )
+        if waits_because is not None:
+            state.metrics.unschedulable.labels(waits_because).inc()
         if state.evictor is not None and not result["NodeNames"]:
             proposal = state.core.consider_preemption(args, result, now=state.clock())
             if proposal is not None:

@@ -46,6 +46,7 @@ from plugin.extender.protocol import (
     MetaVictimsResult,
     filter_result,
 )
+from plugin.placement.refusals import REASON_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -154,11 +155,37 @@ class ExtenderCore:
 
     # -------------------------------------------------------------- verbs
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        return self.filter_with_reason(args)[0]
+
+    def filter_with_reason(self, args: ExtenderArgs) -> tuple[ExtenderFilterResult, str | None]:
+        """filter's answer and, when it passes no node, why in one word (the rule that
+        refused the most nodes, or ``no_usable_ledger`` / ``cannot_cap_fixed`` /
+        ``unreadable_pod``): the label of ``metagpu_extender_unschedulable_total``."""
+        result, outcome, uncapped = self._filter(args)
+        if result["NodeNames"]:
+            return result, None
+        if outcome is None:
+            return result, "unreadable_pod"
+        counts = {REASON_NAMES.get(kind, "other"): n for kind, n in outcome.refused_by.items()}
+        if outcome.unresolvable:
+            counts["no_usable_ledger"] = counts.get("no_usable_ledger", 0) + len(
+                outcome.unresolvable
+            )
+        if uncapped:
+            counts["cannot_cap_fixed"] = len(uncapped)
+        if not counts:
+            return result, "no_nodes"
+        return result, max(sorted(counts), key=lambda reason: counts[reason])
+
+    def _filter(
+        self, args: ExtenderArgs
+    ) -> tuple[ExtenderFilterResult, FilterOutcome | None, Mapping[str, str]]:
         names = args.node_names()
         try:
             ask = self.ask_of(args.Pod)
         except PodSpecError as exc:
-            return filter_result(args, (), {}, error=f"cannot read the pod's request: {exc}")
+            error = f"cannot read the pod's request: {exc}"
+            return filter_result(args, (), {}, error=error), None, {}
         # A node that cannot cap a fixed pod is refused before placement, for both
         # paths alike; preemption cannot help there, so it is unresolvable.
         names, uncapped = capable_nodes(ask, names, self.ledger)
@@ -166,12 +193,13 @@ class ExtenderCore:
         if outcome is None:
             outcome = filter_nodes(ask, names, self.ledger, self.memo)
         outcome = self._through_nominations(ask, args.Pod, outcome)
-        return filter_result(
+        result = filter_result(
             args,
             outcome.passed,
             outcome.failed,
             unresolvable={**outcome.unresolvable, **uncapped},
         )
+        return result, outcome, uncapped
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         names = args.node_names()
@@ -223,7 +251,7 @@ class ExtenderCore:
                 passed.append(name)
             else:
                 failed[name] = placed.refusal
-        return FilterOutcome(tuple(passed), failed, outcome.unresolvable)
+        return FilterOutcome(tuple(passed), failed, outcome.unresolvable, outcome.refused_by)
 
     def decide_bind(
         self, ask: PodAsk, *, node: str, pod_uid: str, namespace: str, pod: str, now: float

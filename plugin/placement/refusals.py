@@ -51,6 +51,16 @@ HELD: Final = 5
 ``(reused units, units still needed, largest free, free in total)``."""
 
 
+REASON_NAMES: Final = {
+    SHORT: "too_few_units",
+    WHOLE: "too_few_whole_gpus",
+    NO_SINGLE_GPU: "no_single_gpu",
+    REUSE: "reuse_spread",
+    HELD: "reused_gpu_full",
+}
+"""Each refusal kind as a metric label value (``metagpu_extender_unschedulable_total``)."""
+
+
 def container_label(name: str, kind: ContainerKind) -> str:
     """How a refusal names a container: ``container "main"``, ``init container "setup"``."""
     word = {"init": "init container", "sidecar": "sidecar container", "app": "container"}[kind]

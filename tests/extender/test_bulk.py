@@ -391,3 +391,24 @@ def test_a_fixed_pod_is_refused_where_nothing_caps_it_on_both_paths() -> None:
         assert not isinstance(bound, str)
     assert answers[0] == answers[1]
     assert "metagpu.io/enforces=memory.fixed" in FIXED_NEEDS_CAP
+
+
+@pytest.mark.parametrize("bulk", [True, False], ids=["arrays", "node-by-node"])
+def test_a_pod_that_fits_nowhere_says_why_in_one_word(bulk: bool) -> None:
+    """The label of metagpu_extender_unschedulable_total: the rule that refused the most
+    nodes, the same on both paths; nodes without a ledger count as no_usable_ledger."""
+    core = ExtenderCore(resource=RESOURCE, bulk=bulk)
+    for n in range(3):
+        core.ledger.set_node(f"a{n}", ledger([60, 60], node=f"a{n}").model_dump_json())
+    core.ledger.set_node("b", ledger([100, 100], node="b").model_dump_json())
+    names = ["a0", "a1", "a2", "b", "unknown-1"]
+    result, why = core.filter_with_reason(parse_args({"Pod": pod(70), "NodeNames": names}))
+    assert result["NodeNames"] == []
+    assert why == "no_single_gpu"  # 3 nodes; "b" is short of units, "unknown-1" has no ledger
+    result, why = core.filter_with_reason(
+        parse_args({"Pod": pod(70), "NodeNames": ["b", "unknown-1", "unknown-2"]})
+    )
+    assert why == "no_usable_ledger"
+    passed, why = core.filter_with_reason(parse_args({"Pod": pod(30), "NodeNames": names}))
+    assert passed["NodeNames"]
+    assert why is None
