@@ -254,6 +254,21 @@ class DraConfig(StrictModel):
     template_prefix: str = "metagpu"
     """ResourceClaimTemplate names: ``<prefix>-<units>u-<memory>`` (``metagpu-50u-40gi``),
     or ``<prefix>-<memory>`` for a memory-only share (``metagpu-10gi``)."""
+    controller: Literal["auto"] | bool = "auto"
+    """Run the controller that keeps the templates (webhook/claimtemplate_controller.py):
+    ``auto``: with ``mode: dra`` in a cluster the webhook reads (as ``quota_mirror``);
+    ``true``: required with ``mode: dra``; ``false``: never (the templates are someone
+    else's job, and pods wait for them)."""
+    lease_name: str = "metagpu-claim-templates"
+    """The Lease the replicas elect the controller's one writer with; its namespace,
+    identity and timings are ``quota_mirror``'s."""
+
+    @field_validator("lease_name")
+    @classmethod
+    def _valid_lease(cls, value: str) -> str:
+        if not is_dns_subdomain(value):
+            raise ValueError(f"dra.lease_name must be a DNS subdomain name: {value!r}")
+        return value
 
     @field_validator("device_class_name")
     @classmethod

@@ -10,6 +10,11 @@
   namespace (``create`` cannot be limited to a name in RBAC; ``get`` and
   ``update`` are).
 
+* In DRA mode, the claim-template controller lists and watches Pods and
+  creates and deletes ResourceClaimTemplates in any namespace, under its own
+  Lease (:func:`claim_template_permissions`; the chart does not grant these
+  yet, so they are not in :func:`permissions_for`).
+
 ``tests/webhook/test_namespaces.py`` and ``tests/webhook/quotas/`` assert that
 the verbs each part sends to the fake API are exactly these, and the install
 tests that the chart grants exactly :func:`permissions_for` its values.
@@ -78,3 +83,36 @@ def quota_mirror_permissions(lease_name: str) -> tuple[Permission, ...]:
 def permissions_for(*, quota_mirror: bool, lease_name: str) -> tuple[Permission, ...]:
     """Everything the webhook process needs with the mirror on or off."""
     return PERMISSIONS + (quota_mirror_permissions(lease_name) if quota_mirror else ())
+
+
+def claim_template_permissions(lease_name: str) -> tuple[Permission, ...]:
+    """What DRA mode's claim-template controller needs (webhook/claimtemplate_controller.py)."""
+    return (
+        Permission(
+            group="",
+            resource="pods",
+            verbs=frozenset({"list", "watch"}),
+            namespaced=False,
+            why="see which ResourceClaimTemplates the pods of each namespace name",
+        ),
+        Permission(
+            group="resource.k8s.io",
+            resource="resourceclaimtemplates",
+            verbs=frozenset({"list", "watch", "create", "delete"}),
+            namespaced=False,
+            why="keep one ResourceClaimTemplate per GPU share shape the pods name",
+        ),
+        Permission(
+            group=LEASE_GROUP,
+            resource="leases",
+            verbs=frozenset({"create"}),
+            why="create the claim-template controller's leader-election Lease the first time",
+        ),
+        Permission(
+            group=LEASE_GROUP,
+            resource="leases",
+            verbs=frozenset({"get", "update"}),
+            resource_names=frozenset({lease_name}),
+            why="take and renew the claim-template controller's leader-election Lease",
+        ),
+    )

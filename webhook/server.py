@@ -62,6 +62,7 @@ from certs.tls import Rejection, ReloadingTLS, ServingPair
 from webhook import logguard
 from webhook.admission import Target, admit, classify, namespace_to_look_up
 from webhook.batching import Batcher
+from webhook.claimtemplate_service import claim_templates
 from webhook.clienttext import MAX_MESSAGE_BYTES, trim_text
 from webhook.config import WebhookConfig
 from webhook.connections import Listener, fit_to_fd_limit
@@ -136,6 +137,7 @@ def create_app(state: WebhookState) -> web.Application:
     app.router.add_get("/metrics", handle_metrics)
     app.cleanup_ctx.append(_namespace_source)
     app.cleanup_ctx.append(_quota_mirror)
+    app.cleanup_ctx.append(_claim_templates)
     if state.tls is not None:
         app.cleanup_ctx.append(_certificate_watch)
     return app
@@ -465,6 +467,14 @@ async def _quota_mirror(app: web.Application) -> AsyncIterator[None]:
     """The leader-elected quota mirror (docs/quotas.md), when the config wants it."""
     state = app[STATE_KEY]
     async with quota_mirror(state.config, env=os.environ if state.env is None else state.env):
+        yield
+
+
+async def _claim_templates(app: web.Application) -> AsyncIterator[None]:
+    """DRA mode's claim-template controller (docs/dra.md), when the config wants it."""
+    state = app[STATE_KEY]
+    env = os.environ if state.env is None else state.env
+    async with claim_templates(state.config, env=env):
         yield
 
 

@@ -90,6 +90,11 @@ DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
     # cluster-scoped and selected by spec.nodeName/spec.driver, claims namespaced.
     ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False),
     ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True),
+    # The webhook's DRA mode: templates per namespace, ``spec.spec`` a claim's spec
+    # (resourceclaimtemplate-50-units-40gi-accepted.json).
+    ResourceType(
+        "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", namespaced=True
+    ),
     ResourceType(
         "admissionregistration.k8s.io",
         "v1",

@@ -66,6 +66,8 @@ def test_defaults_are_the_documented_contract() -> None:
             "memory_min_mib": 1024,
             "memory_resource_name": "metagpu.io/gpu-memory",
             "template_prefix": "metagpu",
+            "controller": "auto",
+            "lease_name": "metagpu-claim-templates",
         },
         "kubernetes": {
             "enabled": "auto",

@@ -1,0 +1,90 @@
+"""Where DRA mode's claim-template controller meets the webhook process (adapter).
+
+Like :func:`webhook.quotas.service.quota_mirror`: an async context manager the
+server's ``cleanup_ctx`` owns, running the leader-elected controller in the
+background when :func:`controller_wanted` says so, and stopping it (releasing
+its Lease) on exit. The Lease shares ``quota_mirror``'s namespace, identity
+and timings; only its name (``dra.lease_name``) is its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+
+from webhook.claimtemplate_controller import run_claim_templates
+from webhook.config import WebhookConfig
+from webhook.model import DraSettings
+from webhook.namespaces import KubernetesUnavailableError, cluster_wanted, new_api_client
+from webhook.quotas.leader import default_identity
+from webhook.quotas.service import IN_CLUSTER_ENV, lease_namespace, lease_timing
+
+logger = logging.getLogger(__name__)
+
+
+def controller_wanted(config: WebhookConfig, env: Mapping[str, str]) -> bool:
+    """``dra.controller`` in ``mode: dra``; ``auto`` is on in a cluster the webhook reads."""
+    if config.mode != "dra":
+        return False
+    enabled = config.dra.controller
+    if enabled == "auto":
+        return bool(env.get(IN_CLUSTER_ENV)) and config.kubernetes.enabled is not False
+    return enabled
+
+
+@contextlib.asynccontextmanager
+async def claim_templates(
+    config: WebhookConfig,
+    *,
+    env: Mapping[str, str],
+    on_change: Callable[[bool], None] | None = None,
+) -> AsyncIterator[asyncio.Task[None] | None]:
+    """Run the controller in the background when wanted; yields its task (None when off)."""
+    if not controller_wanted(config, env):
+        if config.mode == "dra":
+            logger.warning(
+                "DRA mode without the claim-template controller: pods wait until someone "
+                "creates the ResourceClaimTemplates they name",
+                extra={"controller": config.dra.controller},
+            )
+        yield None
+        return
+    if not cluster_wanted(config.kubernetes, env) or config.kubernetes.enabled is False:
+        raise KubernetesUnavailableError(
+            "dra.controller is true but no Kubernetes cluster is configured "
+            "(run in a pod, or give kubernetes.kubeconfig / KUBECONFIG)"
+        )
+    namespace = lease_namespace(config)
+    api = await new_api_client(config.kubernetes, env)
+    identity = config.quota_mirror.identity or default_identity()
+    api.user_agent = f"metagpu-claim-templates/{identity}"
+    task = asyncio.create_task(
+        run_claim_templates(
+            api,
+            dra=DraSettings.of(config.dra),
+            lease_name=config.dra.lease_name,
+            lease_namespace=namespace,
+            identity=identity,
+            timing=lease_timing(config),
+            on_change=on_change,
+        ),
+        name="metagpu-claim-templates-election",
+    )
+    task.add_done_callback(_log_unexpected_exit)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await api.close()
+
+
+def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error(
+            "claim-template controller stopped; new DRA share shapes get no template",
+            exc_info=task.exception(),
+        )
