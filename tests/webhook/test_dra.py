@@ -544,3 +544,26 @@ async def test_the_server_denies_with_the_message(dra_client: ReviewClient) -> N
     assert response["allowed"] is False
     assert response["status"]["code"] == 400
     assert "is more than a GPU has (80Gi" in response["status"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "template", "capacity"),
+    [
+        pytest.param({NVIDIA: "500m"}, "metagpu-50u-40gi", {"memory": "40Gi", "units": "50"}),
+        pytest.param({MEMORY: "10Gi"}, "metagpu-10gi", {"memory": "10Gi"}),
+        pytest.param(
+            {NVIDIA: "500m", MEMORY: "10Gi"}, "metagpu-50u-10gi", {"memory": "10Gi", "units": "50"}
+        ),
+        pytest.param({NVIDIA: "1"}, None, None),
+    ],
+)
+def test_the_documented_table(limits: Obj, template: str | None, capacity: Obj | None) -> None:
+    """docs/webhook.md, "DRA mode": what a container writes and the claim it gets."""
+    out, _ = converted(review_of(as_user_wrote(captured_pod_body(), limits)))
+    if template is None:
+        assert "resourceClaims" not in out["spec"]
+        return
+    assert entry_names(out["spec"]) == {"gpu-c": template}
+    shape = parse_template_name(template, "metagpu")
+    assert shape is not None
+    assert shape.capacity_requests() == capacity
