@@ -338,11 +338,22 @@ async def node(env: Env) -> AsyncIterator[Node]:  # noqa: F811 - the fixture
             yield Node(env, kubelet, rt)
 
 
+CONTROLLING_TTY = (
+    "import fcntl, os, sys, termios\n"
+    "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+)
+"""Make the pty the child's controlling terminal, then become ``metagpu top``: the
+kernel then sends it SIGWINCH on a resize and SIGINT on Ctrl-C, as a shell's terminal
+would (a new session has no controlling terminal of its own)."""
+
+
 async def start_top(node: Node, *args: str, rows: int = 40, cols: int = 110) -> tuple[Any, Pty]:
     master, slave = os.openpty()
     set_size(slave, rows, cols)
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "metagpu.cli", "top", "--socket", node.socket, *args),
+        *(sys.executable, "-c", CONTROLLING_TTY, "-m", "metagpu.cli", "top"),
+        *("--socket", node.socket, *args),
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -402,18 +413,6 @@ async def test_top_in_a_pseudo_terminal_draws_refreshes_and_quits_on_q(node: Nod
         gpu1 = pty.screen.lines().index("GPU 1  NVIDIA A100-SXM4-80GB  healthy")
         assert pty.screen.lines()[gpu1 + 1].endswith("]  40/100 allocated")
 
-        # A narrower window: redrawn at once (SIGWINCH), bars fitted to the new width.
-        set_size(pty.master, 40, 50)
-        pty.screen.resize(40, 50)
-        proc.send_signal(signal.SIGWINCH)
-        await asyncio.to_thread(
-            pty.read_until,
-            lambda s: line_with(s, "  units").startswith("  units  [" + "█" * 12 + "░" * 4 + "]"),
-            timeout_s=30,
-            what="bars 16 cells wide in 50 columns",
-        )
-        assert all(len(line) <= 50 for line in pty.screen.lines())
-
         os.write(pty.master, b"q")
         assert await asyncio.wait_for(proc.wait(), 10) == 0
         await asyncio.to_thread(pty.drain, timeout_s=10)
@@ -429,18 +428,50 @@ async def test_top_in_a_pseudo_terminal_draws_refreshes_and_quits_on_q(node: Nod
         os.close(pty.master)
 
 
-async def test_sigterm_restores_the_terminal_too(node: Node) -> None:
+async def test_a_resize_redraws_at_once_at_the_new_width(node: Node) -> None:
+    # A minute between refreshes: only the resize (SIGWINCH from the kernel) can
+    # bring the narrower frame within the deadline.
+    proc, pty = await start_top(node, "--interval", "60")
+    try:
+        await asyncio.to_thread(
+            pty.read_until, lambda s: "ml/a/main" in s.text(), timeout_s=30, what="a frame"
+        )
+        assert line_with(pty.screen, "  units").startswith("  units  [" + "█" * 30 + "░" * 10)
+        pty.screen.resize(40, 50)
+        set_size(pty.master, 40, 50)
+        await asyncio.to_thread(
+            pty.read_until,
+            lambda s: line_with(s, "  units").startswith("  units  [" + "█" * 12 + "░" * 4 + "]"),
+            timeout_s=20,
+            what="bars 16 cells wide in 50 columns",
+        )
+        assert all(len(line) <= 50 for line in pty.screen.lines())
+        os.write(pty.master, b"q")
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        os.close(pty.master)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+async def test_ctrl_c_and_sigterm_restore_the_terminal_too(node: Node, how: str) -> None:
     proc, pty = await start_top(node, "--interval", "5")
     shell_modes = termios.tcgetattr(pty.master)
     try:
         await asyncio.to_thread(
             pty.read_until, lambda s: "ml/a/main" in s.text(), timeout_s=30, what="a frame"
         )
-        proc.send_signal(signal.SIGTERM)
+        if how == "ctrl-c":
+            os.write(pty.master, b"\x03")  # the line discipline turns it into SIGINT
+        else:
+            proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 10) == 0
         await asyncio.to_thread(pty.drain, timeout_s=10)
         assert not pty.screen.on_alt
         assert pty.screen.cursor_visible
+        assert "Traceback" not in pty.screen.text()
         assert termios.tcgetattr(pty.master)[3] == shell_modes[3]
     finally:
         if proc.returncode is None:
