@@ -241,12 +241,25 @@ def _positive_int(text: str) -> int:
     return value
 
 
+DESCRIPTION: Final = """\
+A live view of one node's GPUs from the metagpu node agent: per GPU a bar for
+units allocated, memory used and SM used, then a row per container holding a
+share (its share, memory used against its limit, SM, and whether the node
+enforces its limits). Run it on the node as root or in the agent's pod:
+
+  kubectl -n metagpu exec -it <agent pod> -- metagpu top
+
+On a terminal it redraws every --interval seconds (at once on a resize or a
+key) until q. With -n N, --once, or output to a pipe it prints plain frames
+with no escape codes, for scripts."""
+
+
 COMMANDS: Final[Sequence[Command]] = (
     Command(
         name="top",
         help="a live view of this node's GPUs: units, memory and SM bars, and each share",
         add_arguments=add_arguments,
         run=run,
-        description=__doc__,
+        description=DESCRIPTION,
     ),
 )

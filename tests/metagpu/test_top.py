@@ -260,6 +260,22 @@ def test_an_unreachable_agent_is_a_frame_too() -> None:
 
 
 # ------------------------------------------------------------------ terminal
+def test_the_screen_model_reads_what_a_terminal_would_show() -> None:
+    # The model the pty tests trust: an in-place redraw over a longer frame, erase to
+    # the end of line and below, the alternate screen, and escapes split across reads.
+    screen = Screen(4, 10)
+    screen.feed("shell$\r\n")
+    screen.feed("\x1b[?1049h\x1b[?25l\x1b[Hlong line\r\nsecond\r\nthird")
+    screen.feed("\x1b[Hab\x1b[K\r\ncd\x1b")
+    screen.feed("[K\x1b[J")
+    assert screen.lines() == ["ab", "cd", "", ""]
+    assert screen.on_alt
+    assert not screen.cursor_visible
+    screen.feed("\x1b[?25h\x1b[?1049l\x1b[31mok\x1b[0m\x1b[5n")
+    assert screen.lines()[:2] == ["shell$", "ok"]
+    assert screen.unknown == ["CSI 5n"]
+
+
 @dataclass
 class Pty:
     """The parent's end of a pseudo-terminal and the screen it shows."""
