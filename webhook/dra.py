@@ -436,6 +436,12 @@ def _claim_ops(
     for i, entry in enumerate(as_list(spec.get("resourceClaims"), "spec.resourceClaims")):
         if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
             existing.setdefault(entry["name"], (i, entry))
+    ours = {
+        name
+        for name, (_, held) in existing.items()
+        if isinstance(held.get("resourceClaimTemplateName"), str)
+        and parse_template_name(held["resourceClaimTemplateName"], dra.template_prefix)
+    }
     ops: list[PatchOperation] = []
     new_entries: list[dict[str, str]] = []
     added: set[str] = set()
@@ -444,7 +450,7 @@ def _claim_ops(
         entry = entries[c.name]
         template = s.shape.template_name(dra.template_prefix)
         ops.extend(_remove_resources(c, s.remove))
-        ops.extend(_reference_ops(c, entry))
+        ops.extend(_reference_ops(c, entry, ours=ours))
         found = existing.get(entry)
         if entry in added:
             continue
@@ -489,7 +495,37 @@ def _claim_ops(
             ops.append(add_op(f"{base}/resourceClaims", new_entries))
         else:
             ops.extend(add_op(f"{base}/resourceClaims/-", e) for e in new_entries)
+    if change == "workload":
+        ops.extend(_unused_entry_ops(spec, base, entries=entries, ours=ours, findings=findings))
     return [] if findings.problems else ops
+
+
+def _unused_entry_ops(
+    spec: Obj, base: str, *, entries: Mapping[str, str], ours: set[str], findings: Findings
+) -> list[PatchOperation]:
+    """Remove our claim entries no container uses any more (a workload's share moved to
+    another entry: an init container whose app twin changed its share, a container renamed
+    in a re-applied manifest), or each would hold a GPU share for nothing.
+
+    Workloads only: a pod's claims cannot change after creation. Removed last and from the
+    highest index down, so the replace operations before them keep their indices.
+    """
+    used: set[str] = set()
+    for c in containers(spec, base):
+        if c.name in entries:
+            used.add(entries[c.name])
+            continue
+        refs = as_list(as_map(c.obj.get("resources")).get("claims"), c.label, " resources.claims")
+        used.update(r["name"] for r in refs if isinstance(r, Mapping) and "name" in r)
+    ops: list[PatchOperation] = []
+    listed = as_list(spec.get("resourceClaims"), "spec.resourceClaims")
+    for index in reversed(range(len(listed))):
+        held = listed[index]
+        name = held.get("name") if isinstance(held, Mapping) else None
+        if name in ours and name not in used:
+            ops.append({"op": "remove", "path": f"{base}/resourceClaims/{index}"})
+            findings.warn(f"claim {name} removed: no container uses it any more")
+    return ops
 
 
 def _describe(shape: Shape) -> str:
@@ -670,16 +706,24 @@ def _remove_resources(c: Container, names: tuple[str, ...]) -> list[PatchOperati
     return ops
 
 
-def _reference_ops(c: Container, entry: str) -> list[PatchOperation]:
-    """``resources.claims`` of the container names ``entry`` (once)."""
+def _reference_ops(c: Container, entry: str, *, ours: set[str]) -> list[PatchOperation]:
+    """``resources.claims`` of the container names ``entry`` (once), and no other claim of
+    ours: its share is in ``entry`` alone (an init container that shared its app twin's
+    claim gets its own when the twin's share changes). The user's own claims stay."""
     resources = as_map(c.obj.get("resources"), c.label, " resources")
     refs = resources.get("claims")
     listed = as_list(refs, c.label, " resources.claims")
-    if any(isinstance(r, Mapping) and r.get("name") == entry for r in listed):
-        return []
     if refs is None:
         return [add_op(f"{c.path}/resources/claims", [{"name": entry}])]
-    return [add_op(f"{c.path}/resources/claims/-", {"name": entry})]
+    names = [r.get("name") if isinstance(r, Mapping) else None for r in listed]
+    ops: list[PatchOperation] = [
+        {"op": "remove", "path": f"{c.path}/resources/claims/{i}"}
+        for i in reversed(range(len(names)))
+        if names[i] in ours and names[i] != entry
+    ]
+    if entry not in names:
+        ops.append(add_op(f"{c.path}/resources/claims/-", {"name": entry}))
+    return ops
 
 
 __all__ = [

@@ -567,3 +567,66 @@ def test_the_documented_table(limits: Obj, template: str | None, capacity: Obj |
     shape = parse_template_name(template, "metagpu")
     assert shape is not None
     assert shape.capacity_requests() == capacity
+
+
+def deployment(*containers: Obj, init: tuple[Obj, ...] = ()) -> Obj:
+    spec: Obj = {"containers": list(containers)}
+    if init:
+        spec["initContainers"] = list(init)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "team-a"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "x"}},
+            "template": {"metadata": {"labels": {"app": "x"}}, "spec": spec},
+        },
+    }
+
+
+def test_an_init_container_whose_twin_changed_gets_its_own_claim() -> None:
+    """Its share no longer matches an app container's: it moves to its own claim, and
+    holds no reference to its twin's any more."""
+    stored, _ = converted(
+        review_of(
+            deployment(
+                container("train", limits={NVIDIA: "500m"}),
+                init=(container("warmup", limits={NVIDIA: "500m"}),),
+            )
+        )
+    )
+    spec = template_spec(stored)
+    assert entry_names(spec) == {"gpu-train": "metagpu-50u-40gi"}
+    assert spec["initContainers"][0]["resources"] == {"claims": [{"name": "gpu-train"}]}
+    merged = copy.deepcopy(stored)
+    m = template_spec(merged)
+    m["containers"][0]["resources"]["limits"] = {NVIDIA: "700m"}
+    m["initContainers"][0]["resources"]["limits"] = {NVIDIA: "500m"}
+    out, _ = converted(review_of(merged, operation="UPDATE", old=stored))
+    spec = template_spec(out)
+    assert entry_names(spec) == {"gpu-train": "metagpu-70u-56gi", "gpu-warmup": "metagpu-50u-40gi"}
+    assert spec["initContainers"][0]["resources"] == {"claims": [{"name": "gpu-warmup"}]}
+    assert spec["containers"][0]["resources"] == {"claims": [{"name": "gpu-train"}]}
+
+
+def test_a_renamed_container_leaves_no_claim_behind() -> None:
+    """kubectl's merge drops the old container but keeps the claim entry the webhook
+    added: it goes, or it would hold a GPU share for nothing."""
+    stored, _ = converted(review_of(deployment(container("a", limits={NVIDIA: "500m"}))))
+    merged = copy.deepcopy(stored)
+    template_spec(merged)["containers"] = [container("b", limits={NVIDIA: "500m"})]
+    out, decision = converted(review_of(merged, operation="UPDATE", old=stored))
+    spec = template_spec(out)
+    assert entry_names(spec) == {"gpu-b": "metagpu-50u-40gi"}
+    assert "claim gpu-a removed: no container uses it any more" in decision.warnings[-1]
+
+
+def test_the_users_own_claims_are_kept() -> None:
+    d = deployment(
+        container("a", resources={"limits": {NVIDIA: "500m"}, "claims": [{"name": "nic"}]})
+    )
+    template_spec(d)["resourceClaims"] = [{"name": "nic", "resourceClaimTemplateName": "rdma"}]
+    out, _ = converted(review_of(d))
+    spec = template_spec(out)
+    assert entry_names(spec) == {"nic": "rdma", "gpu-a": "metagpu-50u-40gi"}
+    assert spec["containers"][0]["resources"]["claims"] == [{"name": "nic"}, {"name": "gpu-a"}]
