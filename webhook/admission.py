@@ -24,7 +24,12 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from webhook.dra import mutate_pod_dra, mutate_pod_update_dra, mutate_workload_dra
+from webhook.dra import (
+    mutate_ephemeral_containers_dra,
+    mutate_pod_dra,
+    mutate_pod_update_dra,
+    mutate_workload_dra,
+)
 from webhook.model import Obj
 from webhook.quotas.coverage import with_unit_warnings
 from webhook.review import AdmissionRequest
@@ -121,7 +126,7 @@ def _admit(
     obj = request.get("object")
     if target == "other" or obj is None:
         return UNCHANGED
-    if settings.dra is not None and target != "ephemeral-containers":
+    if settings.dra is not None:
         return _admit_dra(request, obj, settings=settings, namespace=namespace, target=target)
     if target == "pod":
         return mutate_pod(obj, settings=settings, namespace=namespace)
@@ -152,6 +157,10 @@ def _admit_dra(
         return mutate_pod_dra(obj, settings=settings, namespace=namespace)
     if target == "pod-update":
         return mutate_pod_update_dra(
+            obj, old_pod=request.get("oldObject"), settings=settings, namespace=namespace
+        )
+    if target == "ephemeral-containers":
+        return mutate_ephemeral_containers_dra(
             obj, old_pod=request.get("oldObject"), settings=settings, namespace=namespace
         )
     kind = request["kind"]

@@ -76,6 +76,7 @@ from webhook.quantity import Quantity, QuantityError, read_quantity
 from webhook.rules import (
     NO_NAMESPACE_FACTS,
     WORKLOAD_TEMPLATE_PATHS,
+    mutate_ephemeral_containers,
     mutate_pod,
     mutate_pod_update,
     mutate_workload,
@@ -231,6 +232,22 @@ def mutate_pod_dra(
     after = _applied(pod, first)
     return _then_claims(
         first, as_map(after.get("spec")), "/spec", settings=settings, dra=dra, change="create"
+    )
+
+
+def mutate_ephemeral_containers_dra(
+    pod: Obj,
+    *,
+    old_pod: Obj | None,
+    settings: RuleSettings,
+    namespace: NamespaceFacts = NO_NAMESPACE_FACTS,
+) -> Decision:
+    """``kubectl debug`` in DRA mode: a pod holding our claims is a GPU pod, so a debug
+    container that would see every GPU is refused as in device-plugin mode."""
+    dra = _dra(settings)
+    claimed = _claimed(as_map(pod.get("spec"), "spec"), dra=dra)
+    return mutate_ephemeral_containers(
+        pod, old_pod=old_pod, settings=settings, namespace=namespace, claimed=claimed
     )
 
 
@@ -732,6 +749,7 @@ __all__ = [
     "claim_entry_name",
     "claim_template",
     "memory_for_units",
+    "mutate_ephemeral_containers_dra",
     "mutate_pod_dra",
     "mutate_pod_update_dra",
     "mutate_workload_dra",

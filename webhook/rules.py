@@ -317,13 +317,15 @@ def mutate_ephemeral_containers(
     old_pod: Obj | None,
     settings: RuleSettings,
     namespace: NamespaceFacts = NO_NAMESPACE_FACTS,
+    claimed: Mapping[str, int] | None = None,
 ) -> Decision:
     """Rule 5 for the ``pods/ephemeralcontainers`` subresource (``kubectl debug``).
 
     Ephemeral containers cannot request resources, so they are never GPU
     containers; but a debug container that sets ``NVIDIA_VISIBLE_DEVICES`` in a
     GPU pod could see every GPU on the node. Only containers being added are
-    checked: the API server refuses changes to existing ones anyway.
+    checked: the API server refuses changes to existing ones anyway. ``claimed`` as for
+    :func:`mutate_pod`: in DRA mode a GPU pod holds claims, not units.
     """
     meta = as_map(pod.get("metadata"), "metadata")
     spec = as_map(pod.get("spec"), "spec")
@@ -332,7 +334,7 @@ def mutate_ephemeral_containers(
     if old_pod is not None:
         old_spec = as_map(old_pod.get("spec"), "oldObject.spec")
         existing = {c.name for c in container_list(old_spec, "ephemeralContainers", "/spec")}
-    uses_metagpu = any(
+    uses_metagpu = bool(claimed) or any(
         plan_gpu(c, settings=settings, findings=Findings()).units for c in containers(spec, "/spec")
     )
     is_opted_out = opted_out(meta, namespace)

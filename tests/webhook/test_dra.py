@@ -630,3 +630,20 @@ def test_the_users_own_claims_are_kept() -> None:
     spec = template_spec(out)
     assert entry_names(spec) == {"nic": "rdma", "gpu-a": "metagpu-50u-40gi"}
     assert spec["containers"][0]["resources"]["claims"] == [{"name": "nic"}, {"name": "gpu-a"}]
+
+
+def test_kubectl_debug_in_a_dra_gpu_pod_may_not_see_every_gpu() -> None:
+    stored, _ = converted(load_admission_fixture("pod-half-gpu.json"))
+    debugged = copy.deepcopy(stored)
+    debugged["spec"]["ephemeralContainers"] = [
+        {
+            "name": "debug",
+            "image": "busybox",
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+        }
+    ]
+    review = review_of(debugged, operation="UPDATE", old=stored)
+    review["request"]["subResource"] = "ephemeralcontainers"
+    decision = decide(review)
+    assert isinstance(decision, Denial)
+    assert 'ephemeral container "debug"' in decision.message
