@@ -642,7 +642,12 @@ class AgentRuntime:
         labels = NodeLabeler(api, node) if self.settings.label_node else None
         self._events = QueuedEventSink(KubeEventSink(api))
         self._tasks.append(create_guarded_task(self._events.run(), name="event writer"))
-        ledger = LedgerPublisher(api, node, max_bytes=self.settings.ledger_max_bytes)
+        ledger = LedgerPublisher(
+            api,
+            node,
+            max_bytes=self.settings.ledger_max_bytes,
+            refresh_s=self.settings.ledger_refresh_s,
+        )
         return self._events, labels, ledger, lambda: watcher.error
 
     async def _stop(self) -> None:

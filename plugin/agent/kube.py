@@ -12,14 +12,15 @@ command (:mod:`metagpu.agent`) because no module of plugin may import certs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from kubernetes_asyncio import client
 
 from plugin.agent.labels import full_label_patch, label_patch
 from plugin.agent.ledger import encode_ledger, ledger_key
-from plugin.api.scheduling import ANNOTATION_GPU_LEDGER, NodeLedger
+from plugin.api.scheduling import ANNOTATION_GPU_LEDGER, ANNOTATION_LEDGER_REFRESH, NodeLedger
 from plugin.kube.errors import (
     ApiOpener as ApiOpener,  # noqa: PLC0414 - re-exported
 )
@@ -100,35 +101,53 @@ class NodeLabeler:
 class LedgerPublisher:
     """Keeps the ``metagpu.io/gpu-ledger`` annotation of one Node equal to the agent's ledger.
 
-    Writes only when the ledger changed (:func:`~plugin.agent.ledger.ledger_key`:
-    everything but its time) since the last successful write, by a merge patch of
-    that one annotation (the ``nodes`` ``patch`` the labels already use; the Node
-    is never read). A failed write is retried at the next cycle.
+    Writes when the ledger changed (:func:`~plugin.agent.ledger.ledger_key`:
+    everything but its time) since the last successful write, and when the last write
+    is ``refresh_s`` old even if it did not (with the annotation
+    ``metagpu.io/gpu-ledger-refresh-s`` saying so: the extender then tells a ledger
+    whose agent is gone), by a merge patch of those annotations (the ``nodes``
+    ``patch`` the labels already use; the Node is never read). A failed write is
+    retried at the next cycle.
     """
 
-    def __init__(self, api: client.ApiClient, node_name: str, *, max_bytes: int) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        node_name: str,
+        *,
+        max_bytes: int,
+        refresh_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._core = client.CoreV1Api(api)
         self.node_name = node_name
         self.max_bytes = max_bytes
+        self.refresh_s = refresh_s
+        self._clock = clock
         self._written: Any = None
         """:func:`ledger_key` of the ledger last written; None: unknown."""
+        self._written_at = 0.0
 
     async def publish(self, ledger: NodeLedger) -> bool:
-        """Write ``ledger`` if it changed; True if a patch was sent. Never raises."""
+        """Write ``ledger`` if it changed or its refresh is due; True if a patch was sent.
+        Never raises."""
         key = ledger_key(ledger)
-        if key == self._written:
+        now = self._clock()
+        if key == self._written and now - self._written_at < self.refresh_s:
             return False
         try:
             text = encode_ledger(ledger, max_bytes=self.max_bytes)
         except ValueError as exc:
             logger.error("%s", exc, extra={"node": self.node_name})
             return False
-        if not await self._patch(text, what="GPU ledger"):
+        refreshed = key == self._written
+        if not await self._patch(text, what="GPU ledger", refresh_s=self.refresh_s):
             self._written = None
             return False
         self._written = key
-        logger.info(
-            "GPU ledger updated",
+        self._written_at = now
+        (logger.debug if refreshed else logger.info)(
+            "GPU ledger refreshed" if refreshed else "GPU ledger updated",
             extra={"node": self.node_name, "gpus": len(ledger.gpus), "bytes": len(text)},
         )
         return True
@@ -139,8 +158,13 @@ class LedgerPublisher:
         self._written = None
         return await self._patch(None, what="GPU ledger removal")
 
-    async def _patch(self, value: str | None, *, what: str) -> bool:
-        body = {"metadata": {"annotations": {ANNOTATION_GPU_LEDGER: value}}}
+    async def _patch(self, value: str | None, *, what: str, refresh_s: float | None = None) -> bool:
+        refresh = f"{refresh_s:g}" if value is not None and refresh_s is not None else None
+        body = {
+            "metadata": {
+                "annotations": {ANNOTATION_GPU_LEDGER: value, ANNOTATION_LEDGER_REFRESH: refresh}
+            }
+        }
         options: dict[str, Any] = {
             "_content_type": "application/merge-patch+json",
             "_request_timeout": REQUEST_TIMEOUT_S,

@@ -6,7 +6,8 @@ and pydantic only):
 * the **node agent** publishes a :class:`NodeLedger` on its Node, in the
   annotation :data:`ANNOTATION_GPU_LEDGER`: every GPU of the node with its
   health and the units the kubelet really allocated on it (from PodResources),
-  rewritten only when it changes;
+  rewritten when it changes and at least every :data:`ANNOTATION_LEDGER_REFRESH`
+  seconds when it does not, so the extender can tell a ledger whose agent is gone;
 * the **scheduler extender** reads the ledgers, adds its own assignments the
   nodes have not reported yet, and at bind records the GPUs it chose for each
   container of the pod in :data:`ANNOTATION_ASSIGNED_GPUS` (a
@@ -32,6 +33,13 @@ from plugin.api.settings import StrictModel
 
 ANNOTATION_GPU_LEDGER: Final = "metagpu.io/gpu-ledger"
 """On a Node, written by the node agent: a :class:`NodeLedger` as JSON."""
+
+ANNOTATION_LEDGER_REFRESH: Final = "metagpu.io/gpu-ledger-refresh-s"
+"""On a Node, beside the ledger: the seconds within which its agent rewrites the ledger even
+unchanged (a decimal number). Its own annotation, not a ledger field, so an extender of an
+earlier release (which refuses unknown ledger fields) still reads the ledger; an extender
+that sees it stops trusting a ledger several periods old, and trusts a ledger without it
+however old (agents of an earlier release rewrite only on change)."""
 
 ANNOTATION_ASSIGNED_GPUS: Final = "metagpu.io/assigned-gpus"
 """On a Pod, written by the scheduler extender at bind: a :class:`PodAssignment` as JSON."""

@@ -38,7 +38,11 @@ from typing import Any
 
 from kubernetes_asyncio import client as k8s_client
 
-from plugin.api.scheduling import ANNOTATION_ASSIGNED_GPUS, ANNOTATION_GPU_LEDGER
+from plugin.api.scheduling import (
+    ANNOTATION_ASSIGNED_GPUS,
+    ANNOTATION_GPU_LEDGER,
+    ANNOTATION_LEDGER_REFRESH,
+)
 from plugin.extender.budgets import BudgetError, parse_budget
 from plugin.extender.ledger import Nomination
 from plugin.extender.podfacts import pod_facts
@@ -141,7 +145,9 @@ class LedgerCache:
             name = _name(node)
             if name:
                 seen.add(name)
-                ledger.set_node(name, _annotation(node, ANNOTATION_GPU_LEDGER))
+                ledger.set_node(
+                    name, _annotation(node, ANNOTATION_GPU_LEDGER), refresh_s=_refresh_s(node)
+                )
         for name in set(ledger.node_names()) - seen:
             ledger.drop_node(name)
 
@@ -152,7 +158,9 @@ class LedgerCache:
         if kind == "DELETED":
             self._core.ledger.drop_node(name)
         else:
-            self._core.ledger.set_node(name, _annotation(node, ANNOTATION_GPU_LEDGER))
+            self._core.ledger.set_node(
+                name, _annotation(node, ANNOTATION_GPU_LEDGER), refresh_s=_refresh_s(node)
+            )
 
     # --------------------------------------------------------------- pods
     def _pods_listed(self, items: Sequence[dict[str, Any]]) -> None:
@@ -265,6 +273,11 @@ class LedgerCache:
             self.expire_now()
 
     def expire_now(self) -> None:
+        for name in self._core.ledger.mark_stale(self._clock()):
+            logger.warning(
+                "a node's GPU ledger is no longer trusted: its agent stopped refreshing it",
+                extra={"node": name, "why": self._core.ledger.view(name)},
+            )
         for lapsed in self._core.ledger.expire_nominations(self._clock()):
             logger.warning(
                 "units held for a preemptor released: it was not scheduled in time",
@@ -283,6 +296,19 @@ class LedgerCache:
 def _name(obj: dict[str, Any]) -> str | None:
     name = (obj.get("metadata") or {}).get("name")
     return name if isinstance(name, str) and name else None
+
+
+def _refresh_s(node: dict[str, Any]) -> float | None:
+    """The agent's promised rewrite period (:data:`ANNOTATION_LEDGER_REFRESH`); None when
+    absent or not a positive number (then the ledger is trusted however old)."""
+    text = _annotation(node, ANNOTATION_LEDGER_REFRESH)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
 
 
 def _annotation(obj: dict[str, Any], key: str) -> str | None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from pydantic import ValidationError
 
@@ -44,6 +45,10 @@ from plugin.placement.pod import GpuState
 
 NO_LEDGER = "metagpu agent has not reported this node's GPUs (no metagpu.io/gpu-ledger annotation)"
 
+
+STALE_AFTER_REFRESHES: Final = 3
+"""A ledger is stale once its agent missed this many promised rewrites (its clock and the
+extender's may differ by a little; an agent restart takes one period at most)."""
 
 MAX_SHAPES = 1 << 16
 """Distinct node shapes interned before the table starts over (bounded memory)."""
@@ -141,6 +146,14 @@ class _Node:
     enforces: frozenset[str] = frozenset()
     """What the node holds every container to (``memory``, ``fixed``); empty when its
     ledger does not say (an earlier agent, a node without a supervised MPS daemon)."""
+    refresh_s: float | None = None
+    """How often the node's agent promises to rewrite its ledger, unchanged or not
+    (annotation ``metagpu.io/gpu-ledger-refresh-s``); None: an agent that makes no such
+    promise (an earlier release), whose ledger is trusted however old."""
+    observed: float = 0.0
+    """The ledger's ``observedAt``, epoch seconds."""
+    stale: str | None = None
+    """Why the ledger is no longer trusted (its agent stopped rewriting it), or None."""
 
 
 class Ledger:
@@ -167,14 +180,25 @@ class Ledger:
         """Pod UID → the node that reports it (to find a departed pod's node)."""
 
     # ------------------------------------------------------------ reports
-    def set_node(self, name: str, annotation: str | None) -> None:
-        """A node's ledger annotation as last seen (None: the node has none)."""
+    def set_node(
+        self, name: str, annotation: str | None, *, refresh_s: float | None = None
+    ) -> None:
+        """A node's ledger annotation as last seen (None: the node has none), and how often
+        its agent promises to rewrite it (None: no promise; see :meth:`mark_stale`)."""
         node = self._nodes.get(name)
-        if node is not None and node.raw == annotation and (node.gpus is not None or node.problem):
+        if (
+            node is not None
+            and node.raw == annotation
+            and node.refresh_s == refresh_s
+            and (node.gpus is not None or node.problem)
+        ):
             return
         node = self._nodes.setdefault(name, _Node())
         before = node.reported
         node.raw = annotation
+        node.refresh_s = refresh_s
+        node.stale = None
+        node.observed = 0.0
         node.gpus, node.problem, node.reported, node.holdings = None, None, frozenset(), ()
         node.enforces = frozenset()
         if annotation is None:
@@ -196,6 +220,7 @@ class Ledger:
                 else:
                     node.units_per_gpu = ledger.units_per_gpu
                     node.enforces = frozenset(ledger.enforces)
+                    node.observed = _epoch(ledger.observed_at)
                     node.gpus = tuple(
                         (g.uuid, g.units, g.used, g.healthy, g.numa)
                         for g in sorted(ledger.gpus, key=lambda g: g.index)
@@ -410,6 +435,27 @@ class Ledger:
         self._changed, self._changed_overflow = set(), False
         return None if overflow else changed
 
+    def mark_stale(self, now: float) -> list[str]:
+        """Stop trusting the ledgers whose agents broke their promise to rewrite them
+        (``refresh_s``) for :data:`STALE_AFTER_REFRESHES` periods: the agent is down or
+        cannot reach the API server, and its last word about the node's GPUs and their
+        holders may be false by now (a GPU lost, pods gone). Returns the nodes newly
+        marked. A rewritten ledger (:meth:`set_node`) is trusted again."""
+        marked: list[str] = []
+        for name, node in self._nodes.items():
+            if node.refresh_s is None or node.gpus is None or node.stale is not None:
+                continue
+            age = now - node.observed
+            if age > STALE_AFTER_REFRESHES * node.refresh_s:
+                node.stale = (
+                    f"metagpu agent has not refreshed this node's GPU ledger for {age:.0f}s "
+                    f"(it promised every {node.refresh_s:g}s): the agent is down or cannot "
+                    "reach the API server, so its GPUs are not trusted until it reports again"
+                )
+                self._touch(name)
+                marked.append(name)
+        return marked
+
     def view(self, name: str) -> NodeView | str:
         """The node's GPUs for placement, or why there is nothing to place on."""
         node = self._nodes.get(name)
@@ -417,6 +463,8 @@ class Ledger:
             return NO_LEDGER
         if node.view is not None:  # the common case, first
             return node.view
+        if node.stale is not None:
+            return node.stale
         if node.gpus is None:
             return node.problem or NO_LEDGER
         node.view = self._build_view(name, node, ())
@@ -431,7 +479,7 @@ class Ledger:
             n for n in self.sees_through(pod_uid=pod_uid, priority=priority) if n.node == name
         )
         node = self._nodes.get(name)
-        if not skip or node is None or node.gpus is None:
+        if not skip or node is None or node.gpus is None or node.stale is not None:
             return self.view(name)
         return self._build_view(name, node, skip)
 

@@ -55,6 +55,7 @@ def test_defaults(capsys: pytest.CaptureFixture[str]) -> None:
         "proc_root": "/proc",
         "label_node": True,
         "publish_ledger": True,
+        "ledger_refresh_s": 300.0,
         "ledger_max_bytes": 65536,
         "install_mgctl": True,
     }

@@ -23,7 +23,7 @@ from plugin.agent.ledger import AGGREGATE_POD_UID, build_ledger, encode_ledger
 from plugin.agent.permissions import PERMISSIONS
 from plugin.api.config import PluginConfig
 from plugin.api.permissions import verb_set
-from plugin.api.scheduling import ANNOTATION_GPU_LEDGER, NodeLedger
+from plugin.api.scheduling import ANNOTATION_GPU_LEDGER, ANNOTATION_LEDGER_REFRESH, NodeLedger
 from plugin.gpu.mps import MpsNode, MpsStatus
 from tests.agent.builders import A100, gpu, gpu_uuid, index_of, key, pod, pod_uid, reading
 from tests.agent.helpers import eventually
@@ -174,7 +174,7 @@ async def test_the_publisher_writes_only_changes_and_retries_after_a_failure(
 ) -> None:
     fake, _ = kube_api
     fake.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
-    publisher = LedgerPublisher(api, "node-a", max_bytes=65536)
+    publisher = LedgerPublisher(api, "node-a", max_bytes=65536, refresh_s=300)
     empty = snapshot_of([])
     first = build_ledger(empty, resource=R, id_strategy="uuid", pod_uid=lambda ns, p: None)
     assert await publisher.publish(first)
@@ -192,6 +192,34 @@ async def test_the_publisher_writes_only_changes_and_retries_after_a_failure(
     assert await publisher.publish(taken)  # the failed write is not taken as written
     assert node_ledger(fake) == taken
     assert fake.verbs_used() == {("", "nodes", "patch")}  # never a read of the Node
+
+
+async def test_an_unchanged_ledger_is_rewritten_when_its_refresh_is_due(
+    kube_api: tuple[FakeKubeApi, str], api: client.ApiClient
+) -> None:
+    """The agent promises (annotation metagpu.io/gpu-ledger-refresh-s) to rewrite its ledger
+    within refresh_s even when nothing changed, so the extender can tell a ledger whose
+    agent is gone; withdrawing the ledger removes the promise too."""
+    fake, _ = kube_api
+    fake.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
+    now = [1000.0]
+    publisher = LedgerPublisher(api, "node-a", max_bytes=65536, refresh_s=300, clock=lambda: now[0])
+    ledger = build_ledger(
+        snapshot_of([]), resource=R, id_strategy="uuid", pod_uid=lambda ns, p: None
+    )
+    assert await publisher.publish(ledger)
+    annotations = fake.get("v1", "Node", "node-a")["metadata"]["annotations"]  # type: ignore[index]
+    assert annotations[ANNOTATION_LEDGER_REFRESH] == "300"
+    now[0] += 299
+    later = ledger.model_copy(update={"observed_at": "2026-11-27T10:04:59Z"})
+    assert not await publisher.publish(later)
+    now[0] += 1
+    assert await publisher.publish(later)
+    assert node_ledger(fake) == later
+    assert await publisher.withdraw()
+    annotations = fake.get("v1", "Node", "node-a")["metadata"].get("annotations") or {}  # type: ignore[index]
+    assert ANNOTATION_GPU_LEDGER not in annotations
+    assert ANNOTATION_LEDGER_REFRESH not in annotations
 
 
 class Env:

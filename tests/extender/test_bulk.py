@@ -412,3 +412,26 @@ def test_a_pod_that_fits_nowhere_says_why_in_one_word(bulk: bool) -> None:
     passed, why = core.filter_with_reason(parse_args({"Pod": pod(30), "NodeNames": names}))
     assert passed["NodeNames"]
     assert why is None
+
+
+def test_a_stale_ledger_makes_its_node_unresolvable_on_the_arrays_too() -> None:
+    from plugin.extender.ledger import rfc3339
+
+    core = ExtenderCore(resource=RESOURCE)
+    at = 1_800_000_000.0
+    for name in ("a", "b"):
+        text = ledger([40, 0], node=name).model_copy(update={"observed_at": rfc3339(at)})
+        core.ledger.set_node(name, text.model_dump_json(), refresh_s=60)
+    args = parse_args({"Pod": pod(50), "NodeNames": ["a", "b"]})
+    assert core.filter(args)["NodeNames"] == ["a", "b"]
+    core.ledger.set_node(
+        "b",
+        ledger([40, 0], node="b")
+        .model_copy(update={"observed_at": rfc3339(at + 100)})
+        .model_dump_json(),
+        refresh_s=60,
+    )
+    assert core.ledger.mark_stale(at + 181) == ["a"]
+    result = core.filter(args)
+    assert result["NodeNames"] == ["b"]
+    assert "has not refreshed" in result["FailedAndUnresolvableNodes"]["a"]

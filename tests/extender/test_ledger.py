@@ -165,3 +165,30 @@ def test_reports_are_kept_as_plain_data_not_as_parsed_models() -> None:
     # and a heartbeat with the same report is not parsed again
     led.set_node("n3", reports[3])
     assert free(led, "n3") == [70, 100, 50]
+
+
+def test_a_ledger_its_agent_stopped_refreshing_is_no_longer_trusted() -> None:
+    """An agent that promises (metagpu.io/gpu-ledger-refresh-s) to rewrite its ledger every
+    300 s and misses three rewrites is down or cut off: its GPUs and holders may be gone,
+    so the node offers nothing, with the reason, until a rewrite arrives. A ledger without
+    the promise (an agent of an earlier release) is trusted however old."""
+    led = Ledger(resource=RESOURCE)
+    at = 1_800_000_000.0
+    text = ledger([40, 0], node="a").model_copy(update={"observed_at": rfc3339(at)})
+    led.set_node("a", text.model_dump_json(), refresh_s=300)
+    old = ledger([40, 0], node="b").model_copy(update={"observed_at": rfc3339(at - 86400)})
+    led.set_node("b", old.model_dump_json())
+    assert led.mark_stale(at + 900) == []
+    assert free(led, "a") == [60, 100]
+    assert led.mark_stale(at + 901) == ["a"]
+    why = led.view("a")
+    assert isinstance(why, str)
+    assert "has not refreshed this node's GPU ledger for 901s" in why
+    assert "every 300s" in why
+    assert led.view_for("a", pod_uid="p", priority=1000) == why
+    assert led.mark_stale(at + 2000) == []  # marked once
+    assert isinstance(led.view("b"), NodeView)  # no promise: trusted however old
+    fresh = text.model_copy(update={"observed_at": rfc3339(at + 1950)})
+    led.set_node("a", fresh.model_dump_json(), refresh_s=300)
+    assert free(led, "a") == [60, 100]
+    assert led.mark_stale(at + 2000) == []

@@ -83,9 +83,10 @@ BASE = {"kubernetes.io/hostname": "node-a", "metagpu.io/gpu-count": "2"}
 
 
 def ledger_node(ledger: str, *, other: str | None = None) -> dict[str, Any]:
-    """A Node carrying the agent's GPU ledger annotation (and maybe someone else's)."""
+    """A Node carrying the agent's GPU ledger annotations, the ledger and its promised
+    refresh period, as the agent writes them in one patch (and maybe someone else's)."""
     obj = node(BASE)
-    notes = {"metagpu.io/gpu-ledger": ledger}
+    notes = {"metagpu.io/gpu-ledger": ledger, "metagpu.io/gpu-ledger-refresh-s": "300"}
     if other is not None:
         notes["example.com/note"] = other
     obj["metadata"]["annotations"] = notes
@@ -156,14 +157,14 @@ def ledger_node(ledger: str, *, other: str | None = None) -> dict[str, Any]:
             ledger_node('{"v": 1}'),
             ledger_node('{"v": 1}', other="x"),
             {},
-            ["the metagpu agent may change only the metagpu.io/gpu-ledger annotation"],
+            ["the metagpu agent may change only its metagpu.io/gpu-ledger annotations"],
             id="adds-another-annotation",
         ),
         pytest.param(
             ledger_node('{"v": 1}', other="x"),
             ledger_node('{"v": 1}'),
             {},
-            ["the metagpu agent may change only the metagpu.io/gpu-ledger annotation"],
+            ["the metagpu agent may change only its metagpu.io/gpu-ledger annotations"],
             id="removes-another-annotation",
         ),
         pytest.param(
