@@ -18,6 +18,7 @@ from typing import Any, Final
 
 import aiohttp
 import jsonpatch
+import kubernetes_validate
 import pytest
 from pydantic import ValidationError
 
@@ -647,3 +648,36 @@ def test_kubectl_debug_in_a_dra_gpu_pod_may_not_see_every_gpu() -> None:
     decision = decide(review)
     assert isinstance(decision, Denial)
     assert 'ephemeral container "debug"' in decision.message
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pytest.param(
+            lambda: load_admission_fixture("pod-half-gpu.json")["request"]["object"], id="pod"
+        ),
+        pytest.param(
+            lambda: load_admission_fixture("deployment-half-gpu.json")["request"]["object"],
+            id="deployment",
+        ),
+        pytest.param(
+            lambda: pod(
+                gpu("500m", name="train"),
+                init=[
+                    gpu("500m", name="warmup"),
+                    {**gpu("10Gi", name="s", resource=MEMORY), "restartPolicy": "Always"},
+                ],
+            ),
+            id="init-and-sidecar",
+        ),
+    ],
+)
+def test_what_it_writes_passes_the_1_36_schema(obj: Any) -> None:
+    """The objects and the templates they name, strictly against Kubernetes 1.36's OpenAPI."""
+    out, _ = converted(review_of(obj()))
+    kubernetes_validate.validate(out, "1.36", strict=True)
+    spec = out["spec"] if out["kind"] == "Pod" else template_spec(out)
+    assert SETTINGS.dra is not None
+    for shape in shapes_in(spec, prefix="metagpu"):
+        template = claim_template(shape, namespace="team-a", dra=SETTINGS.dra)
+        kubernetes_validate.validate(template, "1.36", strict=True)
