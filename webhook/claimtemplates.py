@@ -32,8 +32,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from webhook.dra import MANAGED_BY, MANAGED_BY_LABEL, Shape, claim_template, parse_template_name
-from webhook.model import DraSettings, Obj, as_list, as_map
+from webhook.dra import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    Shape,
+    claim_template,
+    parse_template_name,
+    shapes_in,
+)
+from webhook.model import DraSettings, Obj, as_map
 
 GC_AFTER_S: Final = 600.0
 """How long a template no pod references is kept: longer than a rolling update or
@@ -69,15 +76,7 @@ class NamespacePlan:
 
 def pod_shapes(pod: Obj, *, prefix: str) -> frozenset[Shape]:
     """The shapes of our templates a pod's ``spec.resourceClaims`` name."""
-    spec = as_map(pod.get("spec"), "spec")
-    found: set[Shape] = set()
-    for entry in as_list(spec.get("resourceClaims"), "spec.resourceClaims"):
-        if isinstance(entry, Mapping):
-            name = entry.get("resourceClaimTemplateName")
-            shape = parse_template_name(name, prefix) if isinstance(name, str) else None
-            if shape is not None:
-                found.add(shape)
-    return frozenset(found)
+    return frozenset(shapes_in(as_map(pod.get("spec"), "spec"), prefix=prefix))
 
 
 def is_ours(template: Obj, *, prefix: str) -> bool:
