@@ -30,11 +30,12 @@ import shutil
 import signal
 import sys
 import termios
+import threading
 import time
 import tty
 from collections.abc import Iterator, Sequence
 from types import FrameType
-from typing import Final, TextIO
+from typing import Any, Final, Literal, TextIO
 
 from metagpu.top_view import render_error, render_screen
 from plugin.agent.mgctl import AgentClient, MgctlError, positive_float, socket_path
@@ -54,7 +55,9 @@ DEFAULT_INTERVAL_S: Final = 2.0
 """top's own default is 3 s; the agent reads every 5 s by default, so 2 s shows each
 reading within a second or two without asking the agent more often than it changes."""
 REQUEST_TIMEOUT_S: Final = 5.0
-"""Shorter than mgctl's 10 s: the view does not answer ``q`` while a request waits."""
+"""Shorter than mgctl's 10 s: a stalled agent shows as a reason on screen sooner
+(keys are answered meanwhile: requests run in a thread)."""
+Json = dict[str, Any]
 
 
 class _StopError(Exception):
@@ -136,29 +139,107 @@ def _batch(client: AgentClient, out: TextIO, *, iterations: int | None, interval
 
 
 # -------------------------------------------------------------------- live
+Reading = tuple[Json | None, str | None]
+"""The agent's document, or why there is none."""
+
+
+class _Fetcher:
+    """Reads ``/devices`` in a daemon thread, one request at a time, so ``q`` and a
+    resize are answered at once even while the agent takes its whole timeout.
+
+    A result is kept (only the latest: bounded) and announced by a byte on the
+    wake-up pipe the loop already selects on. :meth:`close` is called before
+    that pipe is closed, so a request still running cannot write into whatever
+    file later gets its descriptor number.
+    """
+
+    def __init__(self, client: AgentClient, wake_w: int) -> None:
+        self._client = client
+        self._wake_w = wake_w
+        self._lock = threading.Lock()
+        self._busy = False
+        self._closed = False
+        self._latest: Reading | None = None
+
+    def request(self) -> None:
+        """Start a read unless one is running (that one's answer is as fresh)."""
+        with self._lock:
+            if self._busy or self._closed:
+                return
+            self._busy = True
+        threading.Thread(target=self._read, name="metagpu-top-read", daemon=True).start()
+
+    def take(self) -> Reading | None:
+        with self._lock:
+            latest, self._latest = self._latest, None
+        return latest
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def _read(self) -> None:
+        result: Reading
+        try:
+            result = (self._client.get("/devices"), None)
+        except MgctlError as exc:
+            result = (None, str(exc))
+        with self._lock:
+            self._busy = False
+            if self._closed:
+                return
+            self._latest = result
+            with contextlib.suppress(OSError):  # full pipe: a wake-up is pending anyway
+                os.write(self._wake_w, b"\0")
+
+
 def _live(client: AgentClient, out: TextIO, *, keys: int | None, interval_s: float) -> int:
     hint = f"q quits, every {interval_s:g}s"
     ascii_only = _ascii_only(out)
-    with _terminal(out, keys) as wake:
+    reading: Reading = (None, None)
+    with _terminal(out, keys) as (wake_r, wake_w):
+        fetcher = _Fetcher(client, wake_w)
         try:
+            next_read = time.monotonic()
             while True:
+                if time.monotonic() >= next_read:
+                    fetcher.request()
+                    next_read = time.monotonic() + interval_s
                 size = os.get_terminal_size(out.fileno())
-                try:
-                    frame = render_screen(
-                        client.get("/devices"),
-                        width=size.columns,
-                        height=size.lines,
-                        ascii_only=ascii_only,
-                        hint=hint,
-                    )
-                except MgctlError as exc:
-                    frame = render_error(str(exc), width=size.columns, hint=hint)
+                frame = _frame(reading, client.socket_path, size, ascii_only=ascii_only, hint=hint)
                 out.write(_draw(frame[: size.lines]))
                 out.flush()
-                if _wait(keys, wake, interval_s):
+                event = _wait(keys, wake_r, until=next_read)
+                if event == "quit":
                     return EXIT_OK
+                if event == "key":
+                    next_read = time.monotonic()  # any other key: read now, as top does
+                if (latest := fetcher.take()) is not None:
+                    reading = latest
         except (KeyboardInterrupt, _StopError):
             return EXIT_OK
+        finally:
+            fetcher.close()
+
+
+def _frame(
+    reading: Reading,
+    socket: str,
+    size: os.terminal_size,
+    *,
+    ascii_only: bool,
+    hint: str,
+) -> list[str]:
+    doc, problem = reading
+    if doc is not None:
+        return render_screen(
+            doc, width=size.columns, height=size.lines, ascii_only=ascii_only, hint=hint
+        )
+    if problem is not None:
+        return render_error(problem, width=size.columns, hint=hint)
+    return render_error(
+        f"waiting for the metagpu agent at {socket}", width=size.columns, hint=hint, retrying=False
+    )
 
 
 def _draw(frame: Sequence[str]) -> str:
@@ -171,30 +252,32 @@ def _draw(frame: Sequence[str]) -> str:
     )
 
 
-def _wait(keys: int | None, wake: int, interval_s: float) -> bool:
-    """Until the next refresh: True when ``q`` was pressed. Any other key and a
-    resize (``wake``, the SIGWINCH wake-up pipe) end the wait early."""
-    deadline = time.monotonic() + interval_s
+Event = Literal["quit", "key", "wake", "time"]
+
+
+def _wait(keys: int | None, wake: int, *, until: float) -> Event:
+    """Until ``until`` (monotonic) or something happens first: ``q`` pressed, another
+    key, or a wake-up (a reading arrived, or a resize: SIGWINCH's wake-up byte)."""
     watched = [wake] if keys is None else [keys, wake]
-    while (left := deadline - time.monotonic()) > 0:
+    while (left := until - time.monotonic()) > 0:
         ready, _, _ = select.select(watched, [], [], left)
+        if keys is not None and keys in ready:
+            pressed = os.read(keys, 64)
+            if not pressed or any(k in QUIT_KEYS for k in pressed):
+                return "quit"  # q, or the terminal went away
+            return "key"
         if wake in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(wake, 512)
-            return False
-        if keys is not None and keys in ready:
-            pressed = os.read(keys, 64)
-            if not pressed:  # the terminal went away
-                return True
-            return any(k in QUIT_KEYS for k in pressed)
-    return False
+            return "wake"
+    return "time"
 
 
 @contextlib.contextmanager
-def _terminal(out: TextIO, keys: int | None) -> Iterator[int]:
+def _terminal(out: TextIO, keys: int | None) -> Iterator[tuple[int, int]]:
     """Alternate screen and cbreak keys (no echo, one key at a time, Ctrl-C still a
-    signal); yields a pipe that a resize wakes. Everything is put back on the way
-    out, whatever the way out is."""
+    signal); yields a wake-up pipe (read end, write end) that a resize writes to.
+    Everything is put back on the way out, whatever the way out is."""
     saved = termios.tcgetattr(keys) if keys is not None else None
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -207,7 +290,7 @@ def _terminal(out: TextIO, keys: int | None) -> Iterator[int]:
             tty.setcbreak(keys, termios.TCSANOW)
         out.write(ENTER_SCREEN)
         out.flush()
-        yield wake_r
+        yield wake_r, wake_w
     finally:
         with contextlib.suppress(OSError):
             out.write(LEAVE_SCREEN)

@@ -88,8 +88,9 @@ def render_screen(
     return lines
 
 
-def render_error(message: str, *, width: int, hint: str = "") -> list[str]:
-    """A frame for an agent that did not answer: the live view keeps retrying.
+def render_error(message: str, *, width: int, hint: str = "", retrying: bool = True) -> list[str]:
+    """A frame for an agent that did not answer (the live view keeps retrying), or,
+    with ``retrying=False``, one that says what it waits for.
 
     Wrapped, not cut: the reason is what the operator needs to read.
     """
@@ -102,7 +103,8 @@ def render_error(message: str, *, width: int, hint: str = "") -> list[str]:
             line, width, initial_indent="  ", subsequent_indent="    ", break_long_words=True
         )
     ]
-    return [_cut(line, width) for line in [head, "", *body, "", "  (retrying)"]]
+    tail = ["", "  (retrying)"] if retrying else []
+    return [_cut(line, width) for line in [head, "", *body, *tail]]
 
 
 # ------------------------------------------------------------------- pieces

@@ -22,6 +22,7 @@ import termios
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -364,12 +365,15 @@ kernel then sends it SIGWINCH on a resize and SIGINT on Ctrl-C, as a shell's ter
 would (a new session has no controlling terminal of its own)."""
 
 
-async def start_top(node: Node, *args: str, rows: int = 40, cols: int = 110) -> tuple[Any, Pty]:
+async def start_top(
+    node: Node | None, *args: str, socket: str = "", rows: int = 40, cols: int = 110
+) -> tuple[Any, Pty]:
+    """``metagpu top`` on a new pty against ``node``'s agent (or ``socket``)."""
     master, slave = os.openpty()
     set_size(slave, rows, cols)
     proc = await asyncio.create_subprocess_exec(
         *(sys.executable, "-c", CONTROLLING_TTY, "-m", "metagpu.cli", "top"),
-        *("--socket", node.socket, *args),
+        *("--socket", node.socket if node else socket, *args),
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -377,7 +381,8 @@ async def start_top(node: Node, *args: str, rows: int = 40, cols: int = 110) -> 
         start_new_session=True,
     )
     os.close(slave)
-    place_on_host(node.env.proc_root, proc.pid)  # root on the node: node scope
+    if node is not None:
+        place_on_host(node.env.proc_root, proc.pid)  # root on the node: node scope
     return proc, Pty(master, Screen(rows, cols))
 
 
@@ -471,6 +476,39 @@ async def test_a_resize_redraws_at_once_at_the_new_width(node: Node) -> None:
         os.close(pty.master)
 
 
+async def test_q_quits_at_once_while_the_agent_does_not_answer(short_tmp_path: Path) -> None:
+    # An agent that accepts and never answers: top says what it waits for, and q
+    # ends it long before the request's 60 s timeout (requests run in a thread).
+    answered = asyncio.Event()
+
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answered.wait()
+        writer.close()
+
+    path = str(short_tmp_path / "stalled.sock")
+    server = await asyncio.start_unix_server(stall, path)
+    proc, pty = await start_top(None, "--timeout", "60", socket=path)
+    try:
+        await asyncio.to_thread(
+            pty.read_until,
+            lambda s: f"waiting for the metagpu agent at {path}" in " ".join(s.lines()),
+            timeout_s=30,
+            what="that it waits for the agent",
+        )
+        os.write(pty.master, b"q")
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+        await asyncio.to_thread(pty.drain, timeout_s=10)
+        assert not pty.screen.on_alt
+    finally:
+        answered.set()
+        server.close()
+        await server.wait_closed()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        os.close(pty.master)
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 async def test_ctrl_c_and_sigterm_restore_the_terminal_too(node: Node, how: str) -> None:
     proc, pty = await start_top(node, "--interval", "5")
@@ -516,7 +554,7 @@ async def test_batch_mode_prints_plain_frames_for_scripts(node: Node) -> None:
     assert all(len(line) <= 100 for line in text.splitlines())
 
 
-async def test_batch_mode_without_an_agent_fails_with_the_reason(short_tmp_path: Any) -> None:
+async def test_batch_mode_without_an_agent_fails_with_the_reason(short_tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "metagpu.cli", "top", "--once"),
         *("--socket", str(short_tmp_path / "absent.sock")),
