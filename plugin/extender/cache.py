@@ -211,7 +211,7 @@ class LedgerCache:
         if not asks or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             self._core.directory.drop(uid)
             return
-        facts = pod_facts(pod)
+        facts = pod_facts(pod, resource=self._core.ledger.resource)
         self._core.directory.put(facts)
         if facts.terminating:
             self._victim_leaving(uid)

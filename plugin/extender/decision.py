@@ -22,13 +22,14 @@ uses this module.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from plugin.api.config import AllocationPolicy
 from plugin.api.scheduling import ContainerAssignment, PodAssignment
+from plugin.extender import mps_users
 from plugin.extender.ledger import Assumption, Ledger, NodeView
 from plugin.extender.reasons import node_reasons
 from plugin.placement.fleet import Fleet, FleetPlacement, Ints
@@ -51,6 +52,10 @@ class PodAsk:
     """The pod's compute policy is ``fixed``: only a node that caps SMs may take it
     (:func:`cap_refusal`). Placement never reads it: the check is the node's, made
     before placement on the filter's and bind's paths alike."""
+    user: int | None = None
+    """The UID its GPU containers run as (:func:`plugin.extender.mps_users.pod_user`:
+    None unknown, -1 mixed). Placement never reads it either: on an MPS node it decides
+    which GPUs the pod may use (one user's MPS clients per GPU)."""
 
     @property
     def units(self) -> int:
@@ -105,6 +110,19 @@ class PlacementMemo:
     ) -> PodPlacement:
         """place_pod on ``view``, with GPUs named by their position (``"0"``, ``"1"``...);
         ``budget``: the whole-pod search's, shared by the nodes of one call."""
+        if view.shape < 0:
+            # a view made for one pod (plugin.extender.mps_users): no shape to share; GPUs
+            # named by position as in every answer of the memo
+            return place_pod(
+                ask.containers,
+                [
+                    GpuState(_POSITIONS[pos], g.free, g.healthy, g.numa)
+                    for pos, g in enumerate(view.gpus)
+                ],
+                units_per_gpu=view.units_per_gpu,
+                policy=ask.policy,
+                budget=budget,
+            )
         if known is None:
             known = self.for_ask(ask)
         found = known.get(view.shape)
@@ -374,6 +392,7 @@ def bind_decision(
     ttl_s: float,
     assigned_at: str,
     priority: int | None = None,
+    user_of: Callable[[str], int | None] | None = None,
 ) -> BindDecision | str:
     """The GPUs each container gets on ``node`` (place_pod's answer), or why none can.
 
@@ -381,7 +400,9 @@ def bind_decision(
     first await. A pod that already holds an assumption (a retried bind) is
     decided without it, so a retry never competes with itself. Units nominated for
     a preemptor are free to that pod and to pods of higher ``priority`` only
-    (:meth:`Ledger.view_for`).
+    (:meth:`Ledger.view_for`). With ``user_of`` (a pod UID's user), a node a supervised
+    MPS daemon serves offers only the GPUs whose holders run as the pod's user
+    (:mod:`plugin.extender.mps_users`).
     """
     refused = cap_refusal(ask, ledger.enforces(node))
     if refused is not None:
@@ -389,6 +410,19 @@ def bind_decision(
     previous = ledger.forget(pod_uid)
     try:
         view = ledger.view_for(node, pod_uid=pod_uid, priority=priority)
+        blocked: set[int] = set()
+        if user_of is not None and not isinstance(view, str):
+            own = mps_users.for_pod(
+                ask.user,
+                node,
+                view,
+                enforces=ledger.enforces(node),
+                holdings=ledger.holdings(node),
+                user_of=user_of,
+            )
+            if isinstance(own, str):
+                return own
+            view, blocked = own
         outcome = decide(ask, view, memo)
     finally:
         if previous is not None:
@@ -396,6 +430,8 @@ def bind_decision(
     if isinstance(outcome, str) or isinstance(view, str):
         return str(outcome)
     if outcome.refusal is not None:
+        if blocked:
+            return mps_users.foreign_refusal(outcome.refusal, blocked, ask.user)
         return outcome.refusal
     ids = _ids(view.gpus)
     containers = tuple(

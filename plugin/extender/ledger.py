@@ -167,6 +167,8 @@ class Ledger:
     def __init__(self, *, resource: str) -> None:
         self.resource = resource
         self._nodes: dict[str, _Node] = {}
+        self._enforcing: set[str] = set()
+        """Nodes whose ledger lists something in ``enforces`` (an MPS node)."""
         self._assumed: dict[str, Assumption] = {}
         self._settled: set[str] = set()
         self._generation = 0
@@ -227,6 +229,10 @@ class Ledger:
                     )
                     node.reported = frozenset(h.pod_uid for gpu in ledger.gpus for h in gpu.holders)
                     node.holdings = _holdings(ledger)
+        if node.enforces and node.gpus is not None:
+            self._enforcing.add(name)
+        else:
+            self._enforcing.discard(name)
         for uid in before - node.reported:
             if self._reported_on.get(uid) == name:
                 del self._reported_on[uid]
@@ -240,6 +246,15 @@ class Ledger:
             self._settled.add(uid)
         self._touch(name)
 
+    def enforcing(self, name: str) -> bool:
+        """``name``'s ledger says a supervised MPS daemon serves its GPUs (``enforces``)."""
+        return name in self._enforcing
+
+    def any_enforcing(self) -> bool:
+        """Some node's GPUs are served by a supervised MPS daemon (one dict check per
+        filter call on clusters without MPS)."""
+        return bool(self._enforcing)
+
     def enforces(self, name: str) -> frozenset[str] | None:
         """What ``name`` holds containers to, or None when its ledger is missing or
         unusable (then placement says why, as for any pod)."""
@@ -251,6 +266,7 @@ class Ledger:
     def drop_node(self, name: str) -> None:
         """The Node object is gone."""
         gone = self._nodes.pop(name, None)
+        self._enforcing.discard(name)
         self._note_change(name)
         for uid in [u for u, a in self._assumed.items() if a.node == name]:
             del self._assumed[uid]

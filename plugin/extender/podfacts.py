@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from plugin.extender.mps_users import asks_resource, pod_user
+
 MAX_PODS = 200_000
 """Pods whose facts are kept (far above the GPU pods of any cluster: 10,000 GPUs with
 10 pods each); past it the oldest entries go first."""
@@ -37,11 +39,15 @@ class PodFacts:
     """``status.startTime`` (RFC 3339 compares in time order as text); empty: not started."""
     terminating: bool = False
     """``metadata.deletionTimestamp`` is set: its units are leaving already."""
+    user: int | None = None
+    """The UID its GPU containers run as (:func:`plugin.extender.mps_users.pod_user`;
+    None: unknown or not read)."""
 
 
-def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
+def pod_facts(pod: Mapping[str, Any], *, resource: str | None = None) -> PodFacts:
     """The facts of a Pod object as the API serves it (never raises: odd values read as
-    the API server's defaults)."""
+    the API server's defaults); with ``resource``, the user its containers asking for it
+    run as."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -56,6 +62,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
         labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {},
         started_at=str(status.get("startTime") or ""),
         terminating=bool(meta.get("deletionTimestamp")),
+        user=pod_user(pod, asks=asks_resource(resource)) if resource is not None else None,
     )
 
 

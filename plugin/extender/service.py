@@ -15,6 +15,7 @@ from typing import Any
 
 from plugin.api.config import AllocationPolicy
 from plugin.api.resources import ANNOTATION_COMPUTE_POLICY
+from plugin.extender import mps_users
 from plugin.extender.budgets import BudgetBook
 from plugin.extender.bulk import BulkDecisions
 from plugin.extender.config import PreemptionConfig
@@ -33,7 +34,8 @@ from plugin.extender.decision import (
 )
 from plugin.extender.ledger import Ledger, NodeView, Nomination, rfc3339
 from plugin.extender.matrix import NodeMatrix
-from plugin.extender.podfacts import PodDirectory, pod_facts
+from plugin.extender.mps_users import asks_resource, pod_user
+from plugin.extender.podfacts import PodDirectory, PodFacts, pod_facts
 from plugin.extender.pods import PodSpecError, container_requests, placement_policy
 from plugin.extender.preemption import NodePlan, candidates_wanted, search_nodes, select_victims
 from plugin.extender.preemption_book import PreemptionBook, Proposal, nomination
@@ -130,7 +132,8 @@ class ExtenderCore:
             isinstance(annotations, Mapping)
             and annotations.get(ANNOTATION_COMPUTE_POLICY) == "fixed"
         )
-        ask = PodAsk(container_requests(pod, resource=self.resource), policy, fixed)
+        user = pod_user(pod, asks=asks_resource(self.resource))
+        ask = PodAsk(container_requests(pod, resource=self.resource), policy, fixed, user)
         # One object per distinct ask: the pods of a workload ask alike, and the asks
         # remembered for bind are then a few objects for the collector, not thousands.
         ask = self._distinct_asks.setdefault(ask, ask)
@@ -193,6 +196,7 @@ class ExtenderCore:
         if outcome is None:
             outcome = filter_nodes(ask, names, self.ledger, self.memo)
         outcome = self._through_nominations(ask, args.Pod, outcome)
+        outcome = self._own_users_gpus(ask, args.Pod, outcome)
         result = filter_result(
             args,
             outcome.passed,
@@ -216,7 +220,77 @@ class ExtenderCore:
                 (name, _score(ask, seen[name], self.memo) if name in seen else found)
                 for name, found in scores
             ]
+        if self.ledger.any_enforcing():
+            facts = pod_facts(args.Pod)
+            scores = [
+                (name, self._score_own_users(ask, facts, name, found)) for name, found in scores
+            ]
         return [{"Host": name, "Score": found} for name, found in scores]
+
+    # ------------------------------------------------- MPS: one user per GPU
+    def _user_of(self, pod_uid: str) -> int | None:
+        facts = self.directory.get(pod_uid)
+        return facts.user if facts is not None else None
+
+    def _own_users_view(
+        self, ask: PodAsk, facts: PodFacts, name: str
+    ) -> tuple[NodeView, set[int]] | str | None:
+        """The node as this pod may use it on an MPS node (:mod:`plugin.extender.mps_users`),
+        or why it may not at all; None where nothing changes (no MPS, nothing taken)."""
+        if not self.ledger.enforcing(name):
+            return None
+        view = self.ledger.view_for(name, pod_uid=facts.uid, priority=facts.priority)
+        if isinstance(view, str):
+            return None
+        own = mps_users.for_pod(
+            ask.user,
+            name,
+            view,
+            enforces=self.ledger.enforces(name),
+            holdings=self.ledger.holdings(name),
+            user_of=self._user_of,
+        )
+        if not isinstance(own, str) and not own[1]:
+            return None
+        return own
+
+    def _own_users_gpus(
+        self, ask: PodAsk, pod: Mapping[str, Any], outcome: FilterOutcome
+    ) -> FilterOutcome:
+        """On MPS nodes, the nodes that passed decided again with only the GPUs whose
+        MPS clients run as the pod's user (or nobody's); a pod that could only wait for
+        another user's clients is refused with why."""
+        if not self.ledger.any_enforcing():
+            return outcome
+        facts = pod_facts(pod)
+        passed: list[str] = []
+        failed = dict(outcome.failed)
+        unresolvable = dict(outcome.unresolvable)
+        refused_by = dict(outcome.refused_by)
+        for name in outcome.passed:
+            own = self._own_users_view(ask, facts, name)
+            if own is None:
+                passed.append(name)
+            elif isinstance(own, str):
+                unresolvable[name] = own
+            else:
+                view, blocked = own
+                placed = self.memo.place(ask, view)
+                if placed.refusal is None or placed.refusal_key is None:
+                    passed.append(name)
+                else:
+                    failed[name] = mps_users.foreign_refusal(placed.refusal, blocked, ask.user)
+                    kind = placed.refusal_key[0]
+                    refused_by[kind] = refused_by.get(kind, 0) + 1
+        return FilterOutcome(tuple(passed), failed, unresolvable, refused_by)
+
+    def _score_own_users(self, ask: PodAsk, facts: PodFacts, name: str, found: int) -> int:
+        own = self._own_users_view(ask, facts, name)
+        if own is None:
+            return found
+        if isinstance(own, str):
+            return 0
+        return _score(ask, own[0], self.memo)
 
     # -------------------------------------------------------- nominations
     def _nominated_views(self, pod: Mapping[str, Any]) -> dict[str, NodeView | str]:
@@ -269,6 +343,7 @@ class ExtenderCore:
             now=now,
             ttl_s=self.assume_timeout_s,
             assigned_at=rfc3339(now),
+            user_of=self._user_of,
         )
         if not isinstance(decision, str):
             self.ledger.assume(decision.assumption)
