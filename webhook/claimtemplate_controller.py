@@ -28,6 +28,7 @@ from plugin.kube.listwatch import BACKOFF_S, WATCH_TIMEOUT_S, ListWatch
 from webhook.claimtemplates import GC_AFTER_S, Action, Create, Delete, plan_namespace, pod_shapes
 from webhook.dra import MANAGED_BY, MANAGED_BY_LABEL, Shape
 from webhook.model import DraSettings
+from webhook.namespace_queue import NamespaceQueue, apply_change, index_by_namespace
 from webhook.quotas.calls import Answer, call_api, raw_options
 from webhook.quotas.leader import LeaderElector, LeaseTiming
 
@@ -67,8 +68,7 @@ class ClaimTemplateController:
         self._pods: dict[str, dict[str, frozenset[Shape]]] = {}
         self._templates: dict[str, dict[str, Obj]] = {}
         self._unreferenced: dict[str, dict[str, float]] = {}
-        self._dirty: set[str] = set()
-        self._wake = asyncio.Event()
+        self._queue = NamespaceQueue()
         self._failures: dict[str, int] = {}
 
     def _now(self) -> float:
@@ -76,9 +76,9 @@ class ClaimTemplateController:
 
     async def run(self) -> None:
         """Until cancelled: list, watch and reconcile (state starts empty on every run)."""
-        self._pods, self._templates, self._dirty, self._failures = {}, {}, set(), {}
+        self._pods, self._templates, self._failures = {}, {}, {}
         self._unreferenced = {}
-        self._wake = asyncio.Event()
+        self._queue.clear()
         watches = [
             ListWatch(
                 "pods (claim templates)",
@@ -104,7 +104,7 @@ class ClaimTemplateController:
             # Plan only once both views are whole: a namespace whose templates are
             # not listed yet would be planned as having none.
             await asyncio.gather(*(w.synced.wait() for w in watches))
-            await self._work()
+            await self._queue.run(self._reconcile)
         finally:
             for task in tasks:
                 task.cancel()
@@ -122,7 +122,7 @@ class ClaimTemplateController:
             if namespace and name and shapes:
                 pods.setdefault(namespace, {})[name] = shapes
         self._pods = pods
-        self._mark(previous | set(pods))
+        self._queue.mark(previous | set(pods))
 
     def _pod_changed(self, kind: str, obj: Obj) -> None:
         namespace, name = _key(obj)
@@ -136,7 +136,7 @@ class ClaimTemplateController:
             self._pods.setdefault(namespace, {})[name] = shapes
         else:
             held.pop(name, None)
-        self._mark({namespace})
+        self._queue.mark({namespace})
 
     def _shapes(self, pod: Obj) -> frozenset[Shape]:
         try:
@@ -146,40 +146,16 @@ class ClaimTemplateController:
 
     def _templates_listed(self, items: Sequence[Obj]) -> None:
         previous = set(self._templates)
-        templates: dict[str, dict[str, Obj]] = {}
-        for item in items:
-            namespace, name = _key(item)
-            if namespace and name:
-                templates.setdefault(namespace, {})[name] = item
+        templates = index_by_namespace(items, _key)
         self._templates = templates
-        self._mark(previous | set(templates))
+        self._queue.mark(previous | set(templates))
 
     def _template_changed(self, kind: str, obj: Obj) -> None:
-        namespace, name = _key(obj)
-        if not (namespace and name):
-            return
-        if kind == "DELETED":
-            self._templates.get(namespace, {}).pop(name, None)
-        else:
-            self._templates.setdefault(namespace, {})[name] = obj
-        self._mark({namespace})
-
-    def _mark(self, namespaces: set[str]) -> None:
-        if namespaces:
-            self._dirty |= namespaces
-            self._wake.set()
+        namespace = apply_change(self._templates, kind, obj, _key)
+        if namespace is not None:
+            self._queue.mark({namespace})
 
     # ------------------------------------------------------------ the work
-    async def _work(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._dirty:
-                batch = sorted(self._dirty)
-                self._dirty.clear()
-                for namespace in batch:
-                    await self._reconcile(namespace)
-
     async def _reconcile(self, namespace: str) -> None:
         wanted: set[Shape] = set()
         for shapes in self._pods.get(namespace, {}).values():
@@ -197,7 +173,9 @@ class ClaimTemplateController:
             )
             self._unreferenced[namespace] = plan.unreferenced_since
             if plan.recheck_in_s is not None:
-                asyncio.get_running_loop().call_later(plan.recheck_in_s, self._mark, {namespace})
+                asyncio.get_running_loop().call_later(
+                    plan.recheck_in_s, self._queue.mark, {namespace}
+                )
             for action in plan.actions:
                 await self._apply(action, namespace)
         except asyncio.CancelledError:
@@ -214,7 +192,7 @@ class ClaimTemplateController:
                     "retry_in_s": delay,
                 },
             )
-            asyncio.get_running_loop().call_later(delay, self._mark, {namespace})
+            asyncio.get_running_loop().call_later(delay, self._queue.mark, {namespace})
         else:
             self._failures.pop(namespace, None)
         if not self._pods.get(namespace) and not self._templates.get(namespace):

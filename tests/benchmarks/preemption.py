@@ -26,6 +26,7 @@ import argparse
 import random
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -141,35 +142,26 @@ def main() -> int:
     preemptor = pod_facts(pod)
     ask = core.ask_of(pod)
 
-    def search() -> object:
-        found = search_nodes(
-            ask,
-            preemptor,
-            names,
-            ledger=core.ledger,
-            directory=core.directory,
-            budgets=core.budgets.in_namespaces,
-            memo=core.memo,
-            wanted=candidates_wanted(NODES),
-        )
-        assert found.plan is not None
-        return found
+    def search_as(facts: PodFacts, *, expect_plan: bool) -> Callable[[], object]:
+        def search() -> object:
+            found = search_nodes(
+                ask,
+                facts,
+                names,
+                ledger=core.ledger,
+                directory=core.directory,
+                budgets=core.budgets.in_namespaces,
+                memo=core.memo,
+                wanted=candidates_wanted(NODES),
+            )
+            assert (found.plan is not None) == expect_plan
+            return found
 
-    equal = replace(preemptor, priority=0)  # the benchmark's pods are at 0 and 100
+        return search
 
-    def search_no_victims() -> object:
-        found = search_nodes(
-            ask,
-            equal,
-            names,
-            ledger=core.ledger,
-            directory=core.directory,
-            budgets=core.budgets.in_namespaces,
-            memo=core.memo,
-            wanted=candidates_wanted(NODES),
-        )
-        assert found.plan is None
-        return found
+    search = search_as(preemptor, expect_plan=True)
+    # the benchmark's pods are at 0 and 100: a pod at 0 may preempt no one
+    search_no_victims = search_as(replace(preemptor, priority=0), expect_plan=False)
 
     def verb() -> object:
         answer = core.preempt(preempt_args, now=0.0)

@@ -26,6 +26,7 @@ from typing import Any, Final, cast
 from kubernetes_asyncio import client as k8s_client
 
 from plugin.kube.listwatch import BACKOFF_S, WATCH_TIMEOUT_S, ListWatch
+from webhook.namespace_queue import NamespaceQueue, apply_change, index_by_namespace
 from webhook.quotas.calls import Answer, call_api, raw_options
 from webhook.quotas.leader import LeaderElector, LeaseTiming
 from webhook.quotas.mirror import (
@@ -62,15 +63,14 @@ class QuotaMirror:
         self._settings = settings
         self._watch_timeout_s = watch_timeout_s
         self._quotas: dict[str, dict[str, Obj]] = {}
-        self._dirty: set[str] = set()
-        self._wake = asyncio.Event()
+        self._queue = NamespaceQueue()
         self._failures: dict[str, int] = {}
         self._blocked: set[tuple[str, str]] = set()
 
     async def run(self) -> None:
         """Until cancelled: list, watch and reconcile (state starts empty on every run)."""
-        self._quotas, self._dirty, self._failures = {}, set(), {}
-        self._wake = asyncio.Event()
+        self._quotas, self._failures = {}, {}
+        self._queue.clear()
         watch = ListWatch(
             "resourcequotas (quota mirror)",
             self._v1.list_resource_quota_for_all_namespaces,
@@ -80,7 +80,7 @@ class QuotaMirror:
         )
         watcher = asyncio.create_task(watch.run(), name="metagpu-quota-mirror-watch")
         try:
-            await self._work()
+            await self._queue.run(self._reconcile)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -89,46 +89,20 @@ class QuotaMirror:
     # ----------------------------------------------------------- the view
     def _listed(self, items: Sequence[Obj]) -> None:
         previous = set(self._quotas)
-        quotas: dict[str, dict[str, Obj]] = {}
-        for item in items:
-            namespace, name = key_of(item)
-            if namespace and name:
-                quotas.setdefault(namespace, {})[name] = item
+        quotas = index_by_namespace(items, key_of)
         self._quotas = quotas
-        self._mark(previous | set(quotas))
+        self._queue.mark(previous | set(quotas))
         logger.info(
             "quota mirror listed ResourceQuotas",
             extra={"quotas": len(items), "namespaces": len(quotas)},
         )
 
     def _changed(self, kind: str, obj: Obj) -> None:
-        namespace, name = key_of(obj)
-        if not (namespace and name):
-            return
-        if kind == "DELETED":
-            self._quotas.get(namespace, {}).pop(name, None)
-        else:
-            self._quotas.setdefault(namespace, {})[name] = obj
-        self._mark({namespace})
-
-    def _mark(self, namespaces: set[str]) -> None:
-        if namespaces:
-            self._dirty |= namespaces
-            self._wake.set()
+        namespace = apply_change(self._quotas, kind, obj, key_of)
+        if namespace is not None:
+            self._queue.mark({namespace})
 
     # ------------------------------------------------------------ the work
-    async def _work(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._dirty:
-                # In name order, a batch at a time: a namespace marked again meanwhile
-                # is planned again in the next batch, from its newest state.
-                batch = sorted(self._dirty)
-                self._dirty.clear()
-                for namespace in batch:
-                    await self._reconcile(namespace)
-
     async def _reconcile(self, namespace: str) -> None:
         quotas = self._quotas.get(namespace, {})
         try:
@@ -148,7 +122,7 @@ class QuotaMirror:
                     "retry_in_s": delay,
                 },
             )
-            asyncio.get_running_loop().call_later(delay, self._mark, {namespace})
+            asyncio.get_running_loop().call_later(delay, self._queue.mark, {namespace})
         else:
             self._failures.pop(namespace, None)
         if not quotas:
