@@ -1,0 +1,229 @@
+"""Why a DRA claim waits: what each GPU of a node has free, in the extender's words (pure).
+
+The scheduler says only ``0/1 nodes are available: 1 cannot allocate all claims``
+(captured: ``../shared/fixtures/dra/event-70-units-unschedulable.json``, a 70-unit
+claim beside two 60-unit shares of two 100-unit GPUs), for a claim too big for any one
+GPU and for one above the request policy alike. Everything needed to say more is in
+two objects the API server already has: the node's ResourceSlice(s) (each GPU's
+``units`` and ``memory`` capacity and request policy) and the allocated claims'
+``consumedCapacity``. :func:`free_per_device` subtracts the second from the first;
+:func:`waiting_words` charges the waiting claim as the scheduler does (a capacity it did
+not request is charged the policy default, a request rounds up to the step) and says,
+in the words of :mod:`plugin.placement.refusals`, why no GPU takes it:
+``no single GPU has 70 free units (largest 40; 80 free in total)``.
+
+Kept apart from any transport so that an Event writer (a controller watching Pending
+claim pods) and ``metagpu dev --dra`` say the same sentence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
+
+from plugin.dra.quantity import MIB, QuantityError, format_mib, parse_quantity
+from plugin.dra.slices import MEMORY, UNITS
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """One consumable capacity of a device: its total and its request policy, in base
+    units (units, or bytes for memory)."""
+
+    total: Decimal
+    default: Decimal
+    minimum: Decimal
+    step: Decimal
+
+    def charge(self, requested: Decimal | None) -> Decimal:
+        """What the scheduler consumes for ``requested`` (None: not requested): the
+        default, or the request raised to the minimum and rounded up to the step
+        (captured: 1500Mi was charged 2Gi)."""
+        if requested is None:
+            return self.default
+        amount = max(requested, self.minimum)
+        if self.step > 0:
+            steps = ((amount - self.minimum) / self.step).to_integral_value(ROUND_CEILING)
+            amount = self.minimum + steps * self.step
+        return amount
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFree:
+    """What one GPU device of the slice has left."""
+
+    device: str
+    units: Capacity
+    memory: Capacity
+    units_free: Decimal
+    memory_free: Decimal
+
+    @property
+    def memory_free_mib(self) -> int:
+        return int(self.memory_free // MIB)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRequest:
+    """What a waiting claim asks of one device; None where it does not say."""
+
+    units: Decimal | None
+    memory: Decimal | None
+    """Bytes."""
+
+
+def free_per_device(
+    slices: Iterable[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]],
+    *,
+    driver: str,
+    node_name: str,
+) -> tuple[DeviceFree, ...]:
+    """Each GPU device of ``driver`` in ``node_name``'s slices, less what the allocated
+    ``claims`` consumed on it. A result without ``consumedCapacity`` took the device
+    whole (nothing left); results of other drivers or pools are not ours to count.
+    Devices come in slice order, so the words list the GPUs as the slice does."""
+    devices: dict[tuple[str, str], DeviceFree] = {}
+    for piece in slices:
+        spec = piece.get("spec") or {}
+        if spec.get("driver") != driver or spec.get("nodeName") != node_name:
+            continue
+        pool = str((spec.get("pool") or {}).get("name") or "")
+        for device in spec.get("devices") or []:
+            capacity = device.get("capacity") or {}
+            if UNITS not in capacity or MEMORY not in capacity:
+                continue
+            units, memory = _capacity(capacity[UNITS]), _capacity(capacity[MEMORY])
+            devices[(pool, str(device["name"]))] = DeviceFree(
+                device=str(device["name"]),
+                units=units,
+                memory=memory,
+                units_free=units.total,
+                memory_free=memory.total,
+            )
+    for claim in claims:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if result.get("driver") != driver:
+                continue
+            key = (str(result.get("pool") or ""), str(result.get("device") or ""))
+            found = devices.get(key)
+            if found is None:
+                continue
+            consumed = result.get("consumedCapacity")
+            if consumed is None:
+                units_used, memory_used = found.units_free, found.memory_free
+            else:
+                units_used = _zero(consumed.get(UNITS))
+                memory_used = _zero(consumed.get(MEMORY))
+            devices[key] = DeviceFree(
+                device=found.device,
+                units=found.units,
+                memory=found.memory,
+                units_free=max(found.units_free - units_used, Decimal(0)),
+                memory_free=max(found.memory_free - memory_used, Decimal(0)),
+            )
+    return tuple(devices.values())
+
+
+def share_request(claim: Mapping[str, Any]) -> ShareRequest:
+    """The ``capacity.requests`` of the claim's first exactly-one-device request (the
+    shape the webhook's DRA mode writes: one request, ``count: 1``)."""
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    for request in requests:
+        exactly = request.get("exactly") or {}
+        asked = (exactly.get("capacity") or {}).get("requests") or {}
+        return ShareRequest(
+            units=_amount(asked.get(UNITS)),
+            memory=_amount(asked.get(MEMORY)),
+        )
+    return ShareRequest(units=None, memory=None)
+
+
+def waiting_words(free: Sequence[DeviceFree], request: ShareRequest) -> str | None:
+    """Why no device in ``free`` takes ``request``, or None when one does (the claim
+    waits for something else: another claim of the pod, a node selector, a taint).
+
+    Each device charges the request by its own policy. The first sentence is the
+    extender's (``no single GPU has 70 free units (largest 40; 80 free in total)``);
+    when units and memory each fit somewhere but never together, or no GPU is big enough
+    at all, it says that instead; then what each GPU has free."""
+    if not free:
+        return "the node offers no GPU (its ResourceSlice has no devices)"
+    fits = [
+        d
+        for d in free
+        if d.units.charge(request.units) <= d.units_free
+        and d.memory.charge(request.memory) <= d.memory_free
+    ]
+    if fits:
+        return None
+    units_need = max(d.units.charge(request.units) for d in free)
+    memory_need = max(d.memory.charge(request.memory) for d in free)
+    per_gpu = "; ".join(
+        f"{d.device} {_n(d.units_free)} units, {format_mib(d.memory_free_mib)}" for d in free
+    )
+    tail = f" (free: {per_gpu})"
+    if all(d.units.charge(request.units) > d.units.total for d in free):
+        largest = max(d.units.total for d in free)
+        return f"no GPU has {_n(units_need)} units (at most {_n(largest)} per GPU){tail}"
+    if all(d.memory.charge(request.memory) > d.memory.total for d in free):
+        largest = max(d.memory.total for d in free)
+        return f"no GPU has {_mem(memory_need)} of memory (at most {_mem(largest)} per GPU){tail}"
+    units_ok = any(d.units.charge(request.units) <= d.units_free for d in free)
+    memory_ok = any(d.memory.charge(request.memory) <= d.memory_free for d in free)
+    if not units_ok:
+        largest = max(d.units_free for d in free)
+        total = sum((d.units_free for d in free), Decimal(0))
+        return (
+            f"no single GPU has {_n(units_need)} free units "
+            f"(largest {_n(largest)}; {_n(total)} free in total){tail}"
+        )
+    if not memory_ok:
+        largest = max(d.memory_free for d in free)
+        total = sum((d.memory_free for d in free), Decimal(0))
+        return (
+            f"no single GPU has {_mem(memory_need)} free memory "
+            f"(largest {_mem(largest)}; {_mem(total)} free in total){tail}"
+        )
+    return (
+        f"no single GPU has both {_n(units_need)} free units and "
+        f"{_mem(memory_need)} free memory{tail}"
+    )
+
+
+def _capacity(raw: Mapping[str, Any]) -> Capacity:
+    total = parse_quantity(raw.get("value"))
+    policy = raw.get("requestPolicy") or {}
+    valid = policy.get("validRange") or {}
+    return Capacity(
+        total=total,
+        default=_zero(policy.get("default")),
+        minimum=_zero(valid.get("min")),
+        step=_zero(valid.get("step")),
+    )
+
+
+def _amount(raw: object) -> Decimal | None:
+    """A quantity, or None when absent or unreadable (then it counts as not given)."""
+    if raw is None:
+        return None
+    try:
+        return parse_quantity(raw)
+    except QuantityError:
+        return None
+
+
+def _zero(raw: object) -> Decimal:
+    amount = _amount(raw)
+    return Decimal(0) if amount is None else amount
+
+
+def _n(value: Decimal) -> str:
+    return str(int(value))
+
+
+def _mem(value: Decimal) -> str:
+    return format_mib(int(value // MIB))
