@@ -56,21 +56,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for nvidia-cuda-mps-control) on the simulated GPUs: limits in every allocation, "
         "the daemon's state in `devices`, `mps kill` to watch it recover",
     )
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="DRA mode instead: the DRA kubelet plugin on the simulated GPUs, registered with "
+        "a simulated kubelet over the real protos, and claims in memory: `claim`, `allocate`, "
+        "`prepare`, `slice` at its prompt",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from metagpu.dev_session import DevOptions, run_dev  # noqa: PLC0415 - grpc, aiohttp: not for --help
 
-    return run_dev(
-        DevOptions(
-            run_dir=args.run_dir,
-            listen=args.listen,
-            gpus_file=args.gpus_file or EXAMPLE_GPUS_FILE,
-            webhook_config=args.webhook_config,
-            plugin_config=args.plugin_config,
-            mps=args.mps,
-        )
+    options = DevOptions(
+        run_dir=args.run_dir,
+        listen=args.listen,
+        gpus_file=args.gpus_file or EXAMPLE_GPUS_FILE,
+        webhook_config=args.webhook_config,
+        plugin_config=args.plugin_config,
+        mps=args.mps,
+        dra=args.dra,
     )
+    if options.dra:
+        from metagpu.dev_dra_session import run_dra_dev  # noqa: PLC0415 - as above
+
+        return run_dra_dev(options)
+    return run_dev(options)
 
 
 COMMANDS = (

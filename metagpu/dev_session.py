@@ -80,6 +80,8 @@ OWNERSHIP_CHECK_S: Final = 0.5
 OTHER_RESOURCE: Final = "nvidia.com/gpu"
 """The other device plugin `other <gpu>` pretends to run: NVIDIA's, by GPU UUID."""
 STOP_TIMEOUT_S: Final = 20.0
+DRA_COMMAND: Final = ".venv/bin/metagpu dev --dra"
+"""How to start DRA mode (``make run`` takes no arguments), printed in the banner."""
 READY_LINE: Final = "metagpu dev is running"
 """First line of the banner; tests wait for it."""
 AGENT_INTERVAL_S: Final = 1.0
@@ -102,6 +104,9 @@ class DevOptions:
     mps: bool = False
     """The plugin supervises an MPS control daemon: the stand-in (``plugin.gpu.mps_standin``)
     run through the same subprocess path as ``nvidia-cuda-mps-control``."""
+    dra: bool = False
+    """Run DRA mode instead: the DRA kubelet plugin and its simulated kubelet
+    (:mod:`metagpu.dev_dra_session`)."""
 
 
 @dataclass
@@ -139,7 +144,7 @@ def say(text: str = "") -> None:
 
 async def _main(options: DevOptions) -> int:
     run_dir = options.run_dir.absolute()
-    gpus_file = _prepare_gpus_file(options.gpus_file, run_dir)
+    gpus_file = prepare_gpus_file(options.gpus_file, run_dir)
     plugin_config = load_config(
         PluginConfig,
         file=options.plugin_config,
@@ -169,7 +174,7 @@ async def _main(options: DevOptions) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     lines: asyncio.Queue[str | None] = asyncio.Queue()
-    _read_stdin_in_background(loop, lines)
+    read_stdin_in_background(loop, lines)
     try:
         async with (
             KubeletSim(
@@ -283,7 +288,7 @@ def _mps_line(node: MpsNode) -> str:
     return line + (f"\n     {status.reason}" if status.state != "up" and status.reason else "")
 
 
-def _prepare_gpus_file(source: Path, run_dir: Path) -> Path:
+def prepare_gpus_file(source: Path, run_dir: Path) -> Path:
     """Copy the starting GPUs into the run dir, so editing them never dirties the repo."""
     if not source.is_file():
         raise ConfigError(
@@ -318,7 +323,7 @@ async def _wait_registered(
 
 
 # ------------------------------------------------------------------ output
-def _shown(path: Path) -> str:
+def shown(path: Path) -> str:
     """A path as a person would type it from here: relative when under the cwd."""
     with contextlib.suppress(ValueError):
         return str(path.relative_to(Path.cwd()))
@@ -329,26 +334,27 @@ def _banner(s: _Session, agent_problem: str | None) -> None:
     conn = s.kubelet.plugins[s.resource]
     per_gpu = _by_gpu(conn)
     ca_file = s.hook.ca_file or s.hook.tls.cert_file
-    review = Path(_shown(EXAMPLE_REVIEW))
-    pod = _shown(EXAMPLE_POD) if EXAMPLE_POD.is_file() else "<a pod.yaml>"
+    review = Path(shown(EXAMPLE_REVIEW))
+    pod = shown(EXAMPLE_POD) if EXAMPLE_POD.is_file() else "<a pod.yaml>"
     say(f"{READY_LINE} (Ctrl-C stops it)")
     say()
     say(f"webhook        {s.hook.mutate_url}")
-    say(f"  CA           {_shown(ca_file)}")
-    say(f"  try it       {curl_command(s.hook.mutate_url, Path(_shown(ca_file)), review)}")
+    say(f"  CA           {shown(ca_file)}")
+    say(f"  try it       {curl_command(s.hook.mutate_url, Path(shown(ca_file)), review)}")
     say(f"  offline      metagpu mutate -f {pod}   (in .venv/bin)")
     say(
         f"device plugin  {s.resource}: {len(per_gpu)} simulated GPUs x "
         f"{s.plugin_config.units_per_gpu} units = {len(conn.devices)} meta-devices, "
-        f"registered with the simulated kubelet at {_shown(s.kubelet.socket_path)}"
+        f"registered with the simulated kubelet at {shown(s.kubelet.socket_path)}"
     )
-    say(f"  GPUs file    {_shown(s.gpus_file)} (edit it: append 79 to a GPU's xids)")
+    say(f"  GPUs file    {shown(s.gpus_file)} (edit it: append 79 to a GPU's xids)")
     if s.agent is not None:
-        say(f"node agent     {_shown(s.agent.socket_path)} (no Kubernetes API: pods show as dev/…)")
-        say(f"  live view    .venv/bin/metagpu top --socket {_shown(s.agent.socket_path)}")
+        say(f"node agent     {shown(s.agent.socket_path)} (no Kubernetes API: pods show as dev/…)")
+        say(f"  live view    .venv/bin/metagpu top --socket {shown(s.agent.socket_path)}")
         say("               (in another terminal; `top` here prints one frame)")
     else:
         say(f"node agent     did not start ({agent_problem}); `top` is unavailable")
+    say(f"DRA mode       {DRA_COMMAND}   (the DRA plugin and a simulated kubelet, instead)")
     say()
 
 
@@ -720,7 +726,7 @@ async def _other_plugin(s: _Session, command: OtherPlugin) -> None:
     )
 
 
-def _read_stdin_in_background(
+def read_stdin_in_background(
     loop: asyncio.AbstractEventLoop, lines: asyncio.Queue[str | None]
 ) -> None:
     """Feed stdin lines to ``lines`` from a daemon thread (None at end of input).

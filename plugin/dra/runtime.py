@@ -34,7 +34,7 @@ from plugin.dra.device_health import DeviceHealthEntry, device_health
 from plugin.dra.kube import ClaimReader, SlicePublisher, read_runtime_version
 from plugin.dra.prepare import Preparer
 from plugin.dra.server import DraServer
-from plugin.dra.servicer import DraServicer, HealthServicer, RegistrationServicer
+from plugin.dra.servicer import DraServicer, HealthServicer, ReadClaim, RegistrationServicer
 from plugin.dra.slices import SlicePlan, build_slice
 from plugin.gpu.backend import GpuBackend, GpuBackendError, NullBackend
 from plugin.gpu.backends import open_backend
@@ -74,6 +74,10 @@ class DraPlugin:
     resync_s: float = 300.0
     watch_timeout_s: int = 300
     """Server-side timeout of the slice watch (re-opened after it)."""
+    claims: ReadClaim | None = None
+    """Read claims here instead of from the API server, which is then never opened: no
+    runtime check and no slice written (:meth:`plan` is what would be). For
+    ``metagpu dev --dra``, which has no API server; a node always reads the API server."""
     board: HealthBoard = field(init=False)
     preparer: Preparer = field(init=False)
     registration: RegistrationServicer = field(init=False)
@@ -190,6 +194,9 @@ class DraPlugin:
 
     async def _serve(self, stop: asyncio.Event) -> None:
         config = self.config
+        if self.claims is not None:
+            await self._serve_sockets(self.claims, stop)
+            return
         async with self.open_api() as (api, source):
             logger.info("API server credentials loaded", extra={"source": source})
             await self._check_runtime(api)
@@ -202,29 +209,30 @@ class DraPlugin:
                 resync_s=self.resync_s,
                 watch_timeout_s=self.watch_timeout_s,
             )
-            servicer = DraServicer(
-                self.preparer,
-                ClaimReader(api, timeout_s=config.api_timeout_s),
-                timeout_s=config.prepare_timeout_s,
-            )
             publishing = asyncio.create_task(self.publisher.run(), name="dra-slice-publisher")
             publishing.add_done_callback(_log_unexpected_exit)
             try:
-                async with DraServer(
-                    servicer,
-                    self.registration,
-                    self.health,
-                    socket_path=config.socket_path,
-                    registration_path=config.registration_socket_path,
-                    grace_s=config.grace_s,
-                ):
-                    self.started.set()
-                    await stop.wait()
+                await self._serve_sockets(ClaimReader(api, timeout_s=config.api_timeout_s), stop)
             finally:
                 publishing.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await publishing
                 self.publisher = None
+
+    async def _serve_sockets(self, claims: ReadClaim, stop: asyncio.Event) -> None:
+        """Serve both sockets, prepares reading ``claims``, until ``stop``."""
+        config = self.config
+        servicer = DraServicer(self.preparer, claims, timeout_s=config.prepare_timeout_s)
+        async with DraServer(
+            servicer,
+            self.registration,
+            self.health,
+            socket_path=config.socket_path,
+            registration_path=config.registration_socket_path,
+            grace_s=config.grace_s,
+        ):
+            self.started.set()
+            await stop.wait()
 
 
 def _log_unexpected_exit(task: asyncio.Task[None]) -> None:

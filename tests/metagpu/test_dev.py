@@ -157,6 +157,8 @@ def session(tmp_path: Path) -> Iterator[Session]:
 def test_dev_session_end_to_end(session: Session, tmp_path: Path) -> None:
     session.wait_line(READY_LINE)
     url = session.wait_line("webhook ").split()[-1]
+    # make run takes no arguments: its banner says how to start DRA mode (test_dev_dra.py)
+    assert ".venv/bin/metagpu dev --dra" in session.wait_line("DRA mode ")
     ca_file = tmp_path / "run" / "webhook-tls" / "ca.crt"
 
     # The webhook answers over HTTPS that verifies against the CA it generated.
