@@ -12,8 +12,8 @@
 
 * In DRA mode, the claim-template controller lists and watches Pods and
   creates and deletes ResourceClaimTemplates in any namespace, under its own
-  Lease (:func:`claim_template_permissions`; the chart does not grant these
-  yet, so they are not in :func:`permissions_for`).
+  Lease (:func:`claim_template_permissions`, in :func:`permissions_for` when
+  given its Lease: the chart grants them with ``webhook.mode: dra``).
 
 ``tests/webhook/test_namespaces.py`` and ``tests/webhook/quotas/`` assert that
 the verbs each part sends to the fake API are exactly these, and the install
@@ -80,9 +80,16 @@ def quota_mirror_permissions(lease_name: str) -> tuple[Permission, ...]:
     )
 
 
-def permissions_for(*, quota_mirror: bool, lease_name: str) -> tuple[Permission, ...]:
-    """Everything the webhook process needs with the mirror on or off."""
-    return PERMISSIONS + (quota_mirror_permissions(lease_name) if quota_mirror else ())
+def permissions_for(
+    *, quota_mirror: bool, lease_name: str, claim_template_lease: str | None = None
+) -> tuple[Permission, ...]:
+    """Everything the webhook process needs with the mirror on or off, and, in DRA mode
+    (``claim_template_lease`` names the controller's Lease), the claim-template controller."""
+    return (
+        PERMISSIONS
+        + (quota_mirror_permissions(lease_name) if quota_mirror else ())
+        + (claim_template_permissions(claim_template_lease) if claim_template_lease else ())
+    )
 
 
 def claim_template_permissions(lease_name: str) -> tuple[Permission, ...]:

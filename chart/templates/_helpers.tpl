@@ -128,6 +128,7 @@ agent.extraTolerations add to the plugin's tolerations. */}}
 {{- $affinity = $values.agent.affinity | default $affinity -}}
 {{- $tolerations = concat $tolerations ($values.agent.extraTolerations | default list) -}}
 {{- end -}}
+{{- $affinity = include "metagpu.dra.avoidPool" (dict "root" .root "affinity" $affinity) | fromJson -}}
 {{- with $nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -237,6 +238,9 @@ matchConditions are built from this. */}}
 {{- define "metagpu.gpuResourceNames" -}}
 {{- $names := include "metagpu.metagpuResourceNames" . | fromJsonArray -}}
 {{- $names = concat $names .Values.fractionResourceNames (list "nvidia.com/gpu") -}}
+{{- if eq .Values.webhook.mode "dra" -}}
+{{- $names = append $names (include "metagpu.dra.memoryResourceName" .) -}}
+{{- end -}}
 {{- toJson ($names | uniq) -}}
 {{- end -}}
 
@@ -306,8 +310,17 @@ pod never has both, so label, annotation and finalizer updates of GPU pods never
 wait on the webhook. CREATE and the ephemeralcontainers subresource pass. */}}
 {{- define "metagpu.cel.podUpdateIsOurs" -}}
 {{- $metagpu := include "metagpu.cel.list" (include "metagpu.metagpuResourceNames" . | fromJsonArray) -}}
-{{- $asked := include "metagpu.cel.list" (concat .Values.fractionResourceNames (list "nvidia.com/gpu") | uniq) -}}
+{{- $askedNames := concat .Values.fractionResourceNames (list "nvidia.com/gpu") -}}
+{{- if eq .Values.webhook.mode "dra" -}}
+{{- $askedNames = append $askedNames (include "metagpu.dra.memoryResourceName" .) -}}
+{{- end -}}
+{{- $asked := include "metagpu.cel.list" ($askedNames | uniq) -}}
 {{- $holds := printf "(has(c.resources) && ((has(c.resources.limits) && %s.exists(r, r in c.resources.limits)) || (has(c.resources.requests) && %s.exists(r, r in c.resources.requests))))" $metagpu $metagpu -}}
+{{- if eq .Values.webhook.mode "dra" -}}
+{{- /* DRA mode: a stored pod holds the claim the webhook wrote (resources.claims
+gpu-<container>) instead of units. */ -}}
+{{- $holds = printf "(%s || (has(c.resources) && has(c.resources.claims) && c.resources.claims.exists(k, has(k.name) && k.name.startsWith('gpu-'))))" $holds -}}
+{{- end -}}
 {{- $asks := printf "(has(c.resources) && ((has(c.resources.limits) && %s.exists(r, r in c.resources.limits)) || (has(c.resources.requests) && %s.exists(r, r in c.resources.requests))))" $asked $asked -}}
 request.operation != 'UPDATE'
 || (has(request.subResource) && request.subResource == 'ephemeralcontainers')
@@ -363,6 +376,16 @@ come from flags (see the Deployment), so the file holds only policy. */}}
 {{- end -}}
 {{- if not .Values.runtimeClass.name -}}
 {{- $_ := set $config "runtime_class_name" nil -}}
+{{- end -}}
+{{- if eq .Values.webhook.mode "dra" -}}
+{{- $_ := set $config "mode" "dra" -}}
+{{- $_ := set $config "dra" (dict
+  "device_class_name" (include "metagpu.dra.driver" .)
+  "gpu_memory_mib" .Values.dra.gpuMemoryMiB
+  "memory_step_mib" .Values.dra.memoryStepMiB
+  "memory_min_mib" .Values.dra.memoryMinMiB
+  "controller" true
+  "lease_name" (include "metagpu.dra.leaseName" .)) -}}
 {{- end -}}
 {{- include "metagpu.mergeExtraConfig" (dict "base" $config "extra" .Values.webhook.extraConfig "where" "webhook.extraConfig") -}}
 {{- toYaml $config -}}
@@ -473,6 +496,7 @@ required node selector term (a node without the label matches NotIn). */}}
 {{- $_ := set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
 {{- $_ := set $affinity "nodeAffinity" $nodeAffinity -}}
 {{- end -}}
+{{- $affinity = include "metagpu.dra.avoidPool" (dict "root" $root "affinity" $affinity) | fromJson -}}
 {{- with $nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -605,4 +629,75 @@ address goes in brackets). */}}
 {{- else -}}
 {{- printf "%s:%d" .host (int .port) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* -------------------------------------------------------------- DRA */}}
+{{/* DRA mode (dra.enabled, docs/dra.md): the DRA kubelet plugin serves the GPUs of
+one node pool (dra.nodeSelector, one label); the device plugin and the agent keep
+off it, so no GPU ever has two plugins. The driver name is the one the fixtures
+were captured with, and the DeviceClass is named after it. */}}
+{{- define "metagpu.dra.fullname" -}}{{ include "metagpu.fullname" . }}-dra-plugin{{- end -}}
+{{- define "metagpu.dra.driver" -}}gpu.metagpu.io{{- end -}}
+{{/* The resource name a container asks for GPU memory with in DRA mode (the
+webhook's dra.memory_resource_name default). */}}
+{{- define "metagpu.dra.memoryResourceName" -}}metagpu.io/gpu-memory{{- end -}}
+{{- define "metagpu.dra.configFile" -}}/etc/metagpu/config/dra-plugin.yaml{{- end -}}
+{{/* The claim-template controller's Lease (webhook dra.lease_name). */}}
+{{- define "metagpu.dra.leaseName" -}}{{ include "metagpu.fullname" . }}-claim-templates{{- end -}}
+
+{{/* An affinity (JSON) with one more required node selector expression ANDed into
+every nodeSelectorTerm (a term-less affinity gets one term): (dict "affinity" $a
+"expression" $e), as JSON. */}}
+{{- define "metagpu.affinityAnd" -}}
+{{- $affinity := deepCopy (.affinity | default dict) -}}
+{{- $nodeAffinity := get $affinity "nodeAffinity" | default dict -}}
+{{- $required := get $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $terms := get $required "nodeSelectorTerms" | default (list dict) -}}
+{{- $anded := list -}}
+{{- range $terms -}}
+{{- $term := deepCopy . -}}
+{{- $_ := set $term "matchExpressions" (append (get $term "matchExpressions" | default list) $.expression) -}}
+{{- $anded = append $anded $term -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $anded -}}
+{{- $_ := set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $nodeAffinity -}}
+{{- $affinity | toJson -}}
+{{- end -}}
+
+{{/* A device-plugin-mode pod's affinity (JSON) kept off the DRA pool: a required
+NotIn on the dra.nodeSelector label (a node without the label matches NotIn), or
+the affinity unchanged when DRA is off: (dict "root" $ "affinity" $a). */}}
+{{- define "metagpu.dra.avoidPool" -}}
+{{- $values := .root.Values -}}
+{{- if $values.dra.enabled -}}
+{{- $key := keys $values.dra.nodeSelector | first -}}
+{{- $avoid := dict "key" $key "operator" "NotIn" "values" (list (get $values.dra.nodeSelector $key | toString)) -}}
+{{- include "metagpu.affinityAnd" (dict "affinity" .affinity "expression" $avoid) -}}
+{{- else -}}
+{{- .affinity | default dict | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The DRA plugin's config file (plugin.dra.config.DraConfig). The kubelet's
+directories are mounted at their host paths: the plugin reports its socket's
+path to the kubelet, which dials it on the host. The memory request policy is the
+one the webhook sizes its claims by (dra.memoryStepMiB, dra.memoryMinMiB). */}}
+{{- define "metagpu.dra.config" -}}
+{{- $dra := .Values.dra -}}
+{{- $config := dict
+  "version" "v1"
+  "driver_name" (include "metagpu.dra.driver" .)
+  "plugins_dir" $dra.pluginsDir
+  "registry_dir" $dra.registryDir
+  "cdi_dir" $dra.cdiDir
+  "units_per_gpu" .Values.unitsPerGpu
+  "memory" (dict "step_mib" $dra.memoryStepMiB "min_mib" $dra.memoryMinMiB "default_mib" $dra.memoryMinMiB)
+  "health" (dict "enabled" .Values.plugin.healthChecks)
+-}}
+{{- if .Values.plugin.simulatedGpus.enabled -}}
+{{- $_ := set $config "gpus_file" (printf "%s/%s" (include "metagpu.configDir" .) (include "metagpu.plugin.simulatedGpusFileName" .)) -}}
+{{- end -}}
+{{- include "metagpu.mergeExtraConfig" (dict "base" $config "extra" $dra.extraConfig "where" "dra.extraConfig") -}}
+{{- toYaml $config -}}
 {{- end -}}

@@ -103,6 +103,21 @@ SUPERVISED_MPS_POOL: Final[Obj] = {
 """The plugin supervises the MPS daemon on one node pool (issue 28): two plugin DaemonSets."""
 
 
+DRA_POOL: Final[Obj] = {
+    "dra": {"enabled": True, "nodeSelector": {"metagpu.io/dra": "true"}, "gpuMemoryMiB": 81559},
+    "webhook": {"mode": "dra"},
+    "mps": {"enabled": True, "nodeSelector": {"metagpu.io/mps": "true"}},
+}
+"""DRA mode (issue 29): the DRA plugin on one node pool, the device plugin (with an MPS
+pool) on the others, and the webhook writing ResourceClaims."""
+
+DRA_NODES_ONLY: Final[Obj] = {
+    "dra": {"enabled": True, "nodeSelector": {"metagpu.io/dra": "true"}},
+}
+"""The DRA plugin on one node pool while the webhook still writes units: the pool serves
+pods that name the DeviceClass themselves."""
+
+
 def mode_params() -> list[Any]:
     """``pytest.param`` per mode, with readable ids."""
     return [pytest.param(mode, id=mode.id) for mode in MODES]
