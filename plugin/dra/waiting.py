@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
-from typing import Any
+from typing import Any, Final
 
 from plugin.dra.quantity import MIB, QuantityError, format_mib, parse_quantity
 from plugin.dra.slices import MEMORY, UNITS
@@ -227,3 +227,65 @@ def _n(value: Decimal) -> str:
 
 def _mem(value: Decimal) -> str:
     return format_mib(int(value // MIB))
+
+
+MAX_NODE_GROUPS: Final = 5
+"""Sentences per claim in :func:`pod_waiting_words`; an Event's note holds 1 KiB, and
+after five differing nodes the rest add little (their count is still given)."""
+
+
+def pod_waiting_words(
+    pod: Mapping[str, Any],
+    *,
+    claims: Mapping[str, Mapping[str, Any]],
+    slices: Sequence[Mapping[str, Any]],
+    allocated: Sequence[Mapping[str, Any]],
+    driver: str,
+    device_class: str,
+) -> str | None:
+    """Why a Pending pod's claims of ``device_class`` fit no node's GPUs, for an Event on
+    the pod; None when one of them has no claim waiting on us or some node takes every
+    waiting claim (the pod waits for something else: a taint, a selector, CPU).
+
+    ``claims`` are the pod's namespace's claims by name (the pod names its generated
+    claims in ``status.resourceClaimStatuses``); ``slices`` are every node's slices of
+    ``driver``; ``allocated`` every allocated claim. Nodes with the same sentence share it
+    (``node-a, node-b: no single GPU has …``), as the extender words many nodes at once.
+    Each claim is judged alone: two claims that each fit a GPU but not together are
+    not explained here."""
+    waiting = []
+    for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        claim = claims.get(str(entry.get("resourceClaimName") or ""))
+        if claim is None or (claim.get("status") or {}).get("allocation"):
+            continue
+        asked = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+        if any((r.get("exactly") or {}).get("deviceClassName") == device_class for r in asked):
+            waiting.append(claim)
+    if not waiting:
+        return None
+    nodes = sorted({str((s.get("spec") or {}).get("nodeName") or "") for s in slices} - {""})
+    if not nodes:
+        return f"no node publishes a ResourceSlice of driver {driver}"
+    requests = [share_request(claim) for claim in waiting]
+    per_node: dict[str, list[str | None]] = {}
+    for node in nodes:
+        free = free_per_device(slices, allocated, driver=driver, node_name=node)
+        per_node[node] = [waiting_words(free, request) for request in requests]
+    if any(all(words is None for words in refusals) for refusals in per_node.values()):
+        return None
+    sentences = []
+    for index, claim in enumerate(waiting):
+        by_words: dict[str, list[str]] = {}
+        for node in nodes:
+            words = per_node[node][index]
+            if words is not None:
+                by_words.setdefault(words, []).append(node)
+        if not by_words:
+            continue  # fits every node alone; another claim of the pod does not
+        groups = sorted(by_words.items(), key=lambda item: item[1])
+        shown = [f"{', '.join(ns)}: {words}" for words, ns in groups[:MAX_NODE_GROUPS]]
+        more = sum(len(ns) for _, ns in groups[MAX_NODE_GROUPS:])
+        tail = f"; and {more} more node{'s' if more != 1 else ''}" if more else ""
+        name = (claim.get("metadata") or {}).get("name")
+        sentences.append(f"claim {name}: " + "; ".join(shown) + tail)
+    return " / ".join(sentences)

@@ -9,13 +9,20 @@ nothing to say.
 
 from __future__ import annotations
 
+import copy
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from plugin.dra.quantity import MIB
-from plugin.dra.waiting import ShareRequest, free_per_device, share_request, waiting_words
+from plugin.dra.waiting import (
+    ShareRequest,
+    free_per_device,
+    pod_waiting_words,
+    share_request,
+    waiting_words,
+)
 from tests.plugin.dra.fixtures import DRIVER, NODE, load
 
 GI = 1024 * MIB
@@ -160,4 +167,81 @@ def test_a_device_taken_whole_and_other_drivers_and_nodes() -> None:
     assert free_per_device([node_slice()], [], driver=DRIVER, node_name="node-b") == ()
     assert waiting_words((), ShareRequest(None, None)) == (
         "the node offers no GPU (its ResourceSlice has no devices)"
+    )
+
+
+def on_node(obj: dict[str, Any], node: str) -> dict[str, Any]:
+    """A copy of a captured slice or allocated claim, moved to ``node``'s pool."""
+    moved = copy.deepcopy(obj)
+    if moved.get("kind") == "ResourceSlice":
+        moved["metadata"]["name"] = f"{node}-{DRIVER}"
+        moved["spec"]["nodeName"] = node
+        moved["spec"]["pool"]["name"] = node
+    else:
+        for result in moved["status"]["allocation"]["devices"]["results"]:
+            result["pool"] = node
+    return moved
+
+
+def explain(
+    pending: dict[str, Any], *, slices: list[dict[str, Any]], allocated: list[dict[str, Any]]
+) -> str | None:
+    claim = pending["claim"]
+    return pod_waiting_words(
+        pending["pod"],
+        claims={claim["metadata"]["name"]: claim},
+        slices=slices,
+        allocated=allocated,
+        driver=DRIVER,
+        device_class=DRIVER,
+    )
+
+
+SIXTIES = ("claim-60-units-a-allocated.json", "claim-60-units-b-allocated.json")
+
+
+def test_the_captured_pending_pod_gets_its_words() -> None:
+    """The Event note for pod p70: the scheduler's Event said only `cannot allocate all claims`."""
+    pending = load("event-70-units-unschedulable.json")
+    words = explain(pending, slices=[node_slice()], allocated=[load(n) for n in SIXTIES])
+    assert words == (
+        "claim p70-gpu-nd7kc: localhost: no single GPU has 70 free units (largest 40; "
+        "80 free in total) (free: gpu-0 40 units, 79Gi; gpu-1 40 units, 79Gi)"
+    )
+
+
+def test_the_captured_150_units_pod() -> None:
+    pending = load("claim-150-units-over-policy-pending.json")
+    words = explain(pending, slices=[node_slice()], allocated=[])
+    assert words is not None
+    assert ": localhost: no GPU has 150 units (at most 100 per GPU)" in words
+
+
+def test_nodes_with_the_same_figures_share_a_sentence() -> None:
+    pending = load("event-70-units-unschedulable.json")
+    sixties = [load(n) for n in SIXTIES]
+    slices = [node_slice(), on_node(node_slice(), "node-b")]
+    words = explain(
+        pending, slices=slices, allocated=sixties + [on_node(c, "node-b") for c in sixties]
+    )
+    assert words is not None
+    assert words.startswith("claim p70-gpu-nd7kc: localhost, node-b: no single GPU has 70")
+
+
+def test_a_node_with_room_means_the_pod_waits_for_something_else() -> None:
+    pending = load("event-70-units-unschedulable.json")
+    slices = [node_slice(), on_node(node_slice(), "node-b")]
+    assert explain(pending, slices=slices, allocated=[load(n) for n in SIXTIES]) is None
+    after_release = [load("claim-60-units-b-allocated.json")]
+    assert explain(pending, slices=[node_slice()], allocated=after_release) is None
+
+
+def test_claims_not_ours_or_allocated_are_not_explained() -> None:
+    pending = load("event-70-units-unschedulable.json")
+    other = copy.deepcopy(pending)
+    other["claim"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "other"
+    allocated = [load(n) for n in SIXTIES]
+    assert explain(other, slices=[node_slice()], allocated=allocated) is None
+    assert explain(pending, slices=[], allocated=[]) == (
+        "no node publishes a ResourceSlice of driver gpu.metagpu.io"
     )
