@@ -22,11 +22,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
+
+from plugin.api.rightsizing import HEADROOM as HEADROOM  # noqa: PLC0414 - re-exported
+from plugin.api.rightsizing import recommended_units as recommended_units  # noqa: PLC0414
 
 GroupBy = Literal["namespace", "pod", "container", "workload", "node", "gpu-model"]
 GROUP_LABELS: Final[dict[GroupBy, tuple[str, ...]]] = {
@@ -62,9 +64,6 @@ OWNER_JOIN: Final = (
     "max by (namespace, pod, owner_kind, owner_name) (kube_pod_owner)"
 )
 """kube-state-metrics' pod owner, for ``--by workload``."""
-
-HEADROOM: Final = 1.1
-"""The recommended share is the window's peak memory plus 10%."""
 
 _DURATION: Final = re.compile(r"([0-9]+)([smhdw])")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -170,17 +169,6 @@ def evidence_queries(window: Window) -> dict[str, str]:
     queries = {name: template.format(**fill) for name, template in EVIDENCE.items()}
     queries["units_per_gpu"] = UNITS_PER_GPU_QUERY.format(**fill)
     return queries
-
-
-def recommended_units(*, memory_peak: float, units_per_gpu: int) -> int:
-    """Whole units (what the webhook accepts) for the peak memory plus headroom, 1..units_per_gpu.
-
-    Memory is the floor because it is the limit the agent enforces; SM is shared,
-    so it is shown as evidence only. The same arithmetic as the recording rule
-    ``metagpu:container_recommended_units:1d``.
-    """
-    wanted = math.ceil(min(memory_peak * HEADROOM, 1.0) * units_per_gpu - 1e-9)
-    return max(1, min(units_per_gpu, wanted))
 
 
 @dataclass(frozen=True)
