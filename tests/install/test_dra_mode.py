@@ -21,8 +21,10 @@ import pytest
 from plugin.dra.config import DraConfig
 from tests.install.cel import compile_condition, evaluate
 from tests.install.chart import (
+    CHART_DIR,
     DRA_NODES_ONLY,
     DRA_POOL,
+    RELEASE,
     REPO_ROOT,
     Obj,
     component,
@@ -30,6 +32,7 @@ from tests.install.chart import (
     container,
     find,
     flag,
+    helm,
     load_rendered_config,
     one,
     render,
@@ -281,6 +284,17 @@ def test_nothing_of_dra_mode_is_rendered_by_default() -> None:
 )
 def test_contradictory_values_are_refused(values: Obj, expected: str) -> None:
     assert expected in template_error(values)
+
+
+def test_dra_mode_on_a_cluster_without_resource_k8s_io_v1_is_refused() -> None:
+    result = helm(
+        "template", RELEASE, str(CHART_DIR), "--kube-version", "1.33.4", values=DRA_NODES_ONLY
+    )
+    assert result.returncode != 0
+    assert "dra.enabled needs Kubernetes 1.34 or newer" in result.stderr
+    assert "v1.33.4" in result.stderr
+    ok = helm("template", RELEASE, str(CHART_DIR), "--kube-version", "1.34.0", values=DRA_POOL)
+    assert ok.returncode == 0, ok.stderr
 
 
 # ------------------------------------------------------------ matchConditions
