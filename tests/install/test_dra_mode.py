@@ -379,3 +379,18 @@ def test_in_units_mode_a_pod_holding_a_claim_is_not_sent_on_update() -> None:
     resources = {"claims": [{"name": "gpu-main"}], "limits": {"nvidia.com/gpu": "500m"}}
     request = _pod_request(resources, operation="UPDATE", stored=copy.deepcopy(STORED_DRA_POD))
     assert evaluate(program, request, expression=expression) is False
+
+
+def test_missing_fields_of_a_reapplied_dra_pod_never_cause_an_evaluation_error() -> None:
+    from tests.install.cel import MatchConditionError
+    from tests.install.test_match_conditions import _field_paths, _strip
+
+    program, expression = _pods_condition(DRA_POOL)
+    resources = {"claims": [{"name": "gpu-main"}], "limits": {"nvidia.com/gpu": "500m"}}
+    full = _pod_request(resources, operation="UPDATE", stored=copy.deepcopy(STORED_DRA_POD))
+    for path in _field_paths(full["object"]):
+        request = {**full, "object": _strip(full["object"], path)}
+        try:
+            evaluate(program, request, expression=expression)
+        except MatchConditionError as exc:
+            pytest.fail(f"removing {'.'.join(path)} makes the condition error: {exc}")

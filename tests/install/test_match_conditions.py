@@ -27,7 +27,7 @@ import pytest
 
 from tests.conftest import admission_fixture_names, load_admission_fixture
 from tests.install.cel import MatchConditionError, compile_condition, evaluate
-from tests.install.chart import EVERYTHING, Obj, load_rendered_config, one, render
+from tests.install.chart import DRA_POOL, EVERYTHING, Obj, load_rendered_config, one, render
 
 WORKLOAD_TEMPLATE_PATHS: Final[dict[str, tuple[str, ...]]] = {
     "Deployment": ("spec", "template"),
@@ -52,7 +52,7 @@ NOT_SENT_FIXTURES: Final = {"pod-update-metagpu.json"}
 @functools.cache
 def _programs(values_key: str) -> dict[str, tuple[Any, str]]:
     """Compiled matchConditions per webhook name: (program, expression)."""
-    values = EVERYTHING if values_key == "everything" else {}
+    values = {"everything": EVERYTHING, "dra": DRA_POOL}.get(values_key, {})
     configuration = one(render(values), "MutatingWebhookConfiguration")
     programs = {}
     for hook in configuration["webhooks"]:
@@ -344,7 +344,7 @@ def test_strict_evaluation_catches_an_unguarded_field() -> None:
         evaluate(program, request)
 
 
-@pytest.mark.parametrize("values_key", ["defaults", "everything"])
+@pytest.mark.parametrize("values_key", ["defaults", "everything", "dra"])
 def test_every_has_guard_covers_its_parent(values_key: str) -> None:
     # Static check alongside the evaluation: each has(a.b.c) follows has(a.b), unless
     # a is the object, the request (always set by the API server) or a comprehension
