@@ -213,6 +213,33 @@ class Conflict:
         )
 
 
+PeakSpan = Literal["window", "agent-start", "share-start"]
+"""What a :class:`UsagePeak` covers: the whole window, or less of it because the
+agent started (it keeps no history across restarts) or the share began since."""
+
+
+@dataclass(frozen=True)
+class UsagePeak:
+    """One share's peak use over the right-sizing window, and the share it needs.
+
+    Kept by :class:`plugin.agent.usage_history.UsageHistory` in memory only: an
+    agent restart starts the window over, which ``span`` says."""
+
+    memory_peak_mib: int
+    sm_peak_percent: int | None
+    """None when the driver never told this share's SM use."""
+    window_s: float
+    """The configured window (``agent.rightsizing_window_s``)."""
+    covered_s: float
+    """How much of the window the history covers (less than ``window_s`` after a
+    restart of the agent or for a share younger than the window)."""
+    since: float
+    """Wall-clock seconds since the epoch where the covered span begins."""
+    span: PeakSpan
+    recommended_units: int
+    """:func:`plugin.api.rightsizing.recommended_units` of the peak."""
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything the agent knows after one cycle. Frozen: readers share it freely."""
@@ -240,6 +267,11 @@ class Snapshot:
     )
     mps: MpsNode = field(default_factory=MpsNode)
     """How the device plugin serves MPS here (its board; ``off`` without one)."""
+    usage_peaks: Mapping[tuple[ContainerKey, str], UsagePeak] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """Each allocated share's peak over the right-sizing window, by (container, GPU
+    UUID); a share with no reading yet has none. Filled by the agent after the join."""
 
     @property
     def enforces(self) -> tuple[Enforced, ...]:
@@ -249,6 +281,10 @@ class Snapshot:
     def shares_of(self, key: ContainerKey) -> tuple[ShareView, ...]:
         """The shares one container holds or uses."""
         return self.shares_by_container.get(key, ())
+
+    def peak_of(self, share: ShareView) -> UsagePeak | None:
+        """The share's peak over the right-sizing window (None: no history yet)."""
+        return self.usage_peaks.get((share.key, share.gpu_uuid))
 
     def gpu(self, uuid: str) -> GpuView | None:
         """One GPU by UUID."""

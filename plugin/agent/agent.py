@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -69,6 +69,7 @@ from plugin.agent.pods import PodWatcher
 from plugin.agent.probes import ProbeServer, ProbeState
 from plugin.agent.processes import ProcessHandle, open_process
 from plugin.agent.tasks import create_guarded_task, stop_tasks
+from plugin.agent.usage_history import UsageHistory
 from plugin.agent.views import iso_time
 from plugin.api.config import PluginConfig
 from plugin.api.resources import AGENT_SOCKET_NAME
@@ -180,6 +181,9 @@ class Agent:
         self.ownership = OwnershipReporter()
         self.metrics = metrics or AgentMetrics(backend=backend.kind)
         self.tracker = OverrunTracker()
+        self.history = UsageHistory(window_s=self.settings.rightsizing_window_s)
+        """Each share's peak over the right-sizing window; in memory only, so a
+        restart starts the window over (each peak says so)."""
         self.enforcer = Enforcer(
             events=events,
             pods=self.index.pod,
@@ -346,6 +350,7 @@ class Agent:
                 else None
             ),
         )
+        snapshot = replace(snapshot, usage_peaks=self.history.record(snapshot, now_s=now_s))
         decisions = self.tracker.decide(
             snapshot,
             now_s=now_s,

@@ -267,6 +267,25 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
         "sm: nothing caps it). limit is memory or sm (sm only for fixed containers).",
         (*CONTAINER_LABELS, "limit"),
     )
+    c_peak = gauge(
+        "container_memory_peak_bytes",
+        "Peak GPU memory of the container's processes on the GPU over the agent's "
+        "right-sizing window (agent.rightsizing_window_s; in memory, so it restarts with "
+        "the agent: see container_rightsizing_covered_seconds).",
+        CONTAINER_LABELS,
+    )
+    c_recommended = gauge(
+        "container_recommended_units",
+        "The share the container needs on the GPU: its window's peak memory plus 10%, in "
+        "whole units (plugin.api.rightsizing, as metagpu:container_recommended_units:1d).",
+        CONTAINER_LABELS,
+    )
+    c_covered = gauge(
+        "container_rightsizing_covered_seconds",
+        "How much of the right-sizing window the peak covers: less than the window after "
+        "the agent restarted or for a younger share.",
+        CONTAINER_LABELS,
+    )
     enforces = snapshot.enforces
     for s in snapshot.shares:
         values = (
@@ -290,7 +309,13 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
         if s.utilization_percent is not None:
             c_util.add_metric(values, s.utilization_percent / 100)
         c_procs.add_metric(values, len(s.pids))
+        peak = snapshot.peak_of(s) if s.allocated else None
+        if peak is not None:
+            c_peak.add_metric(values, peak.memory_peak_mib * MIB)
+            c_recommended.add_metric(values, peak.recommended_units)
+            c_covered.add_metric(values, peak.covered_s)
     yield from (c_units, c_limit, c_used, c_util, c_procs, c_over, c_sm, c_enforced)
+    yield from (c_peak, c_recommended, c_covered)
 
     conflict = gauge(
         "share_conflict",

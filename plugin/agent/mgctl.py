@@ -3,6 +3,7 @@
 
     mgctl get processes [-o table|json|yaml] [--watch]
     mgctl get devices   [-o table|json|yaml] [--watch]
+    mgctl get rightsize [-o table|json|yaml] [--watch]
     mgctl kill PID [--signal KILL|TERM|INT]
     mgctl version
 
@@ -481,6 +482,108 @@ def render_devices(doc: Json) -> str:
     return out
 
 
+def fmt_duration(seconds: Any) -> str:
+    """``3 h 20 min``, ``45 min``, ``30 s``: whole minutes past a minute."""
+    total = int(seconds or 0)
+    if total < 60:
+        return f"{total} s"
+    hours, minutes = divmod(total // 60, 60)
+    if not hours:
+        return f"{minutes} min"
+    return f"{hours} h" + (f" {minutes} min" if minutes else "")
+
+
+SPANS = {
+    "agent-start": "since the agent started",
+    "share-start": "since the share began",
+}
+"""Why a peak covers less than the window (the agent keeps no history across restarts)."""
+
+RIGHTSIZE_NOTE = (
+    "RECOMMENDED is the peak GPU memory plus {headroom}%, in whole units (at least 1), as "
+    "`metagpu usage --rightsize`\nand the recording rule metagpu:container_recommended_units:1d. "
+    "The agent keeps this window in memory only:\na restart of the agent starts it over."
+)
+
+
+def fmt_peak_span(rightsize: Json) -> str:
+    """``peak over the last 3 h 20 min (since the agent started)``."""
+    covered = fmt_duration(rightsize.get("coveredS"))
+    why = SPANS.get(str(rightsize.get("span")))
+    if why is None:
+        return f"last {covered}"
+    return f"last {covered} ({why})"
+
+
+def fmt_peak_mib(rightsize: Json, total_mib: Any) -> str:
+    """``9,216 MiB (11.3%)``: the peak and what it is of the GPU's memory."""
+    peak = rightsize.get("memoryPeakMiB")
+    if peak is None:
+        return "-"
+    if not total_mib:
+        return fmt_mib(peak)
+    return f"{int(peak):,} MiB ({100 * peak / total_mib:.1f}%)"
+
+
+def fmt_change(units: Any, recommended: Any) -> str:
+    """``-28 units`` (give back), ``+5 units`` (ask for more), ``keep``."""
+    if not isinstance(units, int) or not isinstance(recommended, int):
+        return "-"
+    delta = recommended - units
+    return "keep" if delta == 0 else f"{delta:+d} units"
+
+
+def render_rightsize(doc: Json) -> str:
+    """The share each container needs, from the agent's own window of its peak use."""
+    items: list[Json] = doc.get("items") or []
+    header = describe_scope(doc)
+    container = (doc.get("caller") or {}).get("scope") == "container"
+    entries: list[tuple[Json, Json, Json | None]] = []  # (gpu, share, its owner)
+    for g in items:
+        if container:
+            if g.get("share"):
+                entries.append((g, g["share"], None))
+        else:
+            entries.extend((g, s, s) for s in g.get("shares") or [] if s.get("units"))
+    if not entries:
+        held = "This container holds" if container else "No container holds"
+        return header + "\n\n" + held + " no GPU share on this node."
+    rows = []
+    old_agent = False
+    headroom = 10
+    for g, share, owner in entries:
+        rightsize = share.get("rightsize")
+        old_agent = old_agent or "rightsize" not in share
+        row = [str(g.get("index"))]
+        if owner is not None:
+            row += [owner.get("namespace", ""), owner.get("pod", ""), owner.get("container", "")]
+        if isinstance(rightsize, dict):
+            headroom = rightsize.get("headroomPercent", headroom)
+            sm = rightsize.get("smPeakPercent")
+            row += [
+                fmt_share(share),
+                fmt_peak_mib(rightsize, g.get("memoryTotalMiB")),
+                fmt_percent(sm),
+                "{} units".format(rightsize.get("recommendedUnits")),
+                fmt_change(share.get("units"), rightsize.get("recommendedUnits")),
+                fmt_peak_span(rightsize),
+            ]
+        else:
+            row += [fmt_share(share), "-", "-", "-", "-", "no reading yet"]
+        rows.append(row)
+    names = ["GPU"] + (["NAMESPACE", "POD", "CONTAINER"] if not container else [])
+    names += ["SHARE", "MEMORY PEAK", "SM PEAK", "RECOMMENDED", "CHANGE", "PEAK OVER"]
+    shift = 0 if container else 3
+    table = render_table(names, rows, right=(0, 2 + shift, 3 + shift))
+    out = header + "\n\n" + table + "\n\n" + RIGHTSIZE_NOTE.format(headroom=headroom)
+    if old_agent:
+        out += (
+            "\nThis agent keeps no usage history (it predates right-sizing): "
+            "upgrade metagpu on this node."
+        )
+    return out
+
+
 # ---------------------------------------------------------------------- YAML
 _PLAIN = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./@+-]*(?: [A-Za-z0-9_./@+()-]+)*$")
 _UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\ud800-\udfff]")
@@ -592,6 +695,7 @@ def cmd_get(client: AgentClient, args: argparse.Namespace) -> int:
 _GETTERS: dict[str, tuple[str, Callable[[Json], str]]] = {
     "processes": ("/processes", render_processes),
     "devices": ("/devices", render_devices),
+    "rightsize": ("/devices", render_rightsize),
 }
 
 
@@ -648,8 +752,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    get = sub.add_parser("get", help="list GPU processes or devices")
-    get.add_argument("what", choices=("processes", "devices"))
+    get = sub.add_parser(
+        "get",
+        help="list GPU processes, devices, or the share each container needs (rightsize)",
+    )
+    get.add_argument("what", choices=tuple(_GETTERS))
     get.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     get.add_argument("-w", "--watch", action="store_true", help="refresh until interrupted")
     get.add_argument(

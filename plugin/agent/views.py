@@ -18,8 +18,9 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any, Final
 
-from plugin.agent.accounting import GpuView, ProcessView, ShareView, Snapshot
+from plugin.agent.accounting import GpuView, ProcessView, ShareView, Snapshot, UsagePeak
 from plugin.agent.identity import Caller
+from plugin.api.rightsizing import HEADROOM
 
 API_VERSION: Final = "v1"
 
@@ -184,7 +185,10 @@ def device_list(snapshot: Snapshot, caller: Caller, *, node: str | None) -> Json
                     "unitsAllocated": g.units_allocated,
                     "unitsFree": g.units_free,
                     "processes": counts.get(g.uuid, 0),
-                    "shares": [_share_doc(s, snapshot.enforces) for s in by_gpu.get(g.uuid, [])],
+                    "shares": [
+                        _share_doc(s, snapshot.enforces, peak=snapshot.peak_of(s))
+                        for s in by_gpu.get(g.uuid, [])
+                    ],
                     "otherOwner": _other_owner(g, snapshot),
                 }
             )
@@ -194,7 +198,11 @@ def device_list(snapshot: Snapshot, caller: Caller, *, node: str | None) -> Json
             gpu = gpus.get(s.gpu_uuid)
             if gpu is None:
                 continue
-            doc = _gpu_static(gpu) | {"share": _share_doc(s, snapshot.enforces, with_owner=False)}
+            doc = _gpu_static(gpu) | {
+                "share": _share_doc(
+                    s, snapshot.enforces, peak=snapshot.peak_of(s), with_owner=False
+                )
+            }
             if gpu.claim is not None:
                 # The reason names resources and counts, never another tenant's pod.
                 doc["otherOwner"] = {"resources": list(gpu.claim.resources)}
@@ -299,7 +307,33 @@ def _share_fields(s: ShareView, enforces: tuple[str, ...]) -> Json:
     }
 
 
-def _share_doc(s: ShareView, enforces: tuple[str, ...], *, with_owner: bool = True) -> Json:
+def rightsize_doc(peak: UsagePeak | None) -> Json | None:
+    """The share's peak use over the agent's window and the share it needs
+    (:func:`plugin.api.rightsizing.recommended_units`); None before the first
+    reading of it. ``span`` says when the covered time is less than the window:
+    ``agent-start`` (the agent keeps no history across restarts) or
+    ``share-start`` (the share is younger than the window)."""
+    if peak is None:
+        return None
+    return {
+        "windowS": peak.window_s,
+        "coveredS": round(peak.covered_s, 1),
+        "span": peak.span,
+        "since": iso_time(peak.since),
+        "memoryPeakMiB": peak.memory_peak_mib,
+        "smPeakPercent": peak.sm_peak_percent,
+        "recommendedUnits": peak.recommended_units,
+        "headroomPercent": round((HEADROOM - 1) * 100),
+    }
+
+
+def _share_doc(
+    s: ShareView,
+    enforces: tuple[str, ...],
+    *,
+    peak: UsagePeak | None = None,
+    with_owner: bool = True,
+) -> Json:
     doc: Json = {}
     if with_owner:
         doc |= {"namespace": s.key.namespace, "pod": s.key.pod, "container": s.key.container}
@@ -309,5 +343,6 @@ def _share_doc(s: ShareView, enforces: tuple[str, ...], *, with_owner: bool = Tr
         "utilizationPercent": s.utilization_percent,
         "overLimit": s.over_limit,
         "pids": list(s.pids),
+        "rightsize": rightsize_doc(peak) if s.allocated else None,
     }
     return doc

@@ -110,6 +110,14 @@ class AgentConfig(StrictModel):
     256 KiB an object's annotations may take) holds about 400 holders; past it
     holders are merged per pod, then into one per GPU (units stay exact)."""
 
+    rightsizing_window_s: float = Field(default=86400.0, ge=600, le=7 * 86400)
+    """Seconds of history behind each share's peak GPU memory and SM use, and so its
+    recommended share (``mgctl get rightsize``, ``metagpu_container_recommended_units``).
+    A day, as the recording rule ``metagpu:container_recommended_units:1d``: long
+    enough to see a daily job's peak. Kept in memory as 24 maxima per share
+    (hourly for a day), so a longer window costs nothing but resolution; an agent
+    restart starts it over (Prometheus keeps the durable history)."""
+
     install_mgctl: bool = True
     """Copy the stdlib-only ``mgctl`` program into ``socket_dir`` at start-up, so every
     metagpu container can run ``/var/run/metagpu/mgctl`` without it in its image."""

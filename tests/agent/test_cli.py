@@ -57,6 +57,7 @@ def test_defaults(capsys: pytest.CaptureFixture[str]) -> None:
         "publish_ledger": True,
         "ledger_refresh_s": 300.0,
         "ledger_max_bytes": 65536,
+        "rightsizing_window_s": 86400.0,
         "install_mgctl": True,
     }
 
