@@ -449,6 +449,17 @@ def test_notes_follow_the_values() -> None:
     assert "WARNING: webhook.replicas is 1" in notes
 
 
+def test_notes_say_how_to_join_the_dra_pool() -> None:
+    from tests.install.chart import DRA_NODES_ONLY, DRA_POOL
+
+    assert "DRA mode" not in _notes()
+    notes = _notes(DRA_POOL)
+    assert "DRA mode (PREVIEW" in notes
+    assert "kubectl label node <node> metagpu.io/dra=true" in notes
+    assert "webhook.mode=dra: every GPU share" in notes
+    assert "DeviceClass gpu.metagpu.io" in _notes(DRA_NODES_ONLY)
+
+
 def test_chart_files_are_present() -> None:
     for name in (
         "Chart.yaml",
