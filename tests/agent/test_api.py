@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
@@ -28,6 +28,7 @@ import yaml
 from plugin.agent.accounting import Allocation, Snapshot, build_snapshot
 from plugin.agent.api import SOCKET_MODE, ApiContext, ApiServer, install_mgctl
 from plugin.agent.containers import ContainerRef, PodIndex
+from plugin.agent.usage_history import UsageHistory
 from plugin.api.resources import AGENT_SOCKET_NAME, ENV_AGENT_SOCKET
 from tests.agent.builders import (
     gpu,
@@ -213,6 +214,27 @@ async def test_container_devices_show_only_its_share(node: Node) -> None:
     code, table, _ = await node.mgctl_as(node.in_container(ref("b")), "get", "devices")
     assert "50 units (50%)" in table
     assert "9,000 / 40,960 MiB" in table
+
+
+async def test_a_container_right_sizes_its_own_share_over_the_socket(node: Node) -> None:
+    assert node.snapshot is not None
+    history = UsageHistory(window_s=86400)
+    history.record(node.snapshot, now_s=0)
+    node.snapshot = replace(
+        node.snapshot, usage_peaks=history.record(node.snapshot, now_s=2 * 3600 + 300)
+    )
+    code, out, err = await node.mgctl_as(node.in_container(ref("b")), "get", "rightsize")
+    assert code == 0, err
+    header, row = out.splitlines()[2:4]
+    assert "RECOMMENDED" in header
+    assert "NAMESPACE" not in header  # its own share only
+    # 9,000 of 81,920 MiB is 11.0%, + 10% is 12.1%: 13 of 100 units
+    assert "9,000 MiB (11.0%)" in row
+    assert "13 units" in row
+    assert "-37 units" in row
+    assert "last 2 h 5 min (since the agent started)" in row
+    assert "3,000 MiB" not in out  # a's peak is a's business
+    assert "a restart of the agent starts it over" in out
 
 
 async def test_container_may_not_kill_another_containers_process(node: Node) -> None:
