@@ -164,7 +164,7 @@ class _Search:
         if state in self.failed or self._spent():
             return False
         kind, units = self.asks[index]
-        held = _reused(units, reusable)
+        held = reused_units(units, reusable)
         if held is not None:
             for take in self._candidates(units, free, held):
                 self.expansions += 1
@@ -196,13 +196,14 @@ class _Search:
         if need > sum(free):
             return []
         if need == 0:
-            return [[0] * len(free)] if not _split(held, self.upg) else []
+            split = is_fraction_split(held, units_per_gpu=self.upg)
+            return [] if split else [[0] * len(free)]
         out: list[list[int]] = []
         first = place_units(
             free, held, units, units_per_gpu=self.upg, numa=self.numa, policy=self.policy
         )
         mine = [h + t for h, t in zip(held, first, strict=True)]
-        if not _split(mine, self.upg):
+        if not is_fraction_split(mine, units_per_gpu=self.upg):
             out.append(first)
         whole, remainder = divmod(units, self.upg)
         homes: list[int | None] = [None]
@@ -258,9 +259,10 @@ class _Search:
         return take
 
 
-def _reused(units: int, reusable: Sequence[int]) -> list[int] | None:
-    """The units the kubelet hands the container from its pod's reusable ones, per GPU;
-    None when it would take part of units lying on several GPUs (unpredictable)."""
+def reused_units(units: int, reusable: Sequence[int]) -> list[int] | None:
+    """The units the kubelet hands a container of ``units`` from its pod's reusable ones
+    (KUBELET-FACTS section 1), per GPU; None when it would take part of units lying on
+    several GPUs (it picks them from an unordered set: unpredictable)."""
     total = sum(reusable)
     if units < total and sum(1 for n in reusable if n) > 1:
         return None
@@ -271,10 +273,6 @@ def _reused(units: int, reusable: Sequence[int]) -> list[int] | None:
         held[pos] = part
         left -= part
     return held
-
-
-def _split(mine: Sequence[int], units_per_gpu: int) -> bool:
-    return is_fraction_split([n for n in mine if n], units_per_gpu=units_per_gpu)
 
 
 def chain_units(asks: Sequence[tuple[ContainerKind, int]]) -> list[int] | None:

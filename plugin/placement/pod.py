@@ -41,6 +41,7 @@ from plugin.placement.plan_search import (
     chain_prefix,
     chain_units,
     one_chain,
+    reused_units,
     search_plan,
 )
 from plugin.placement.refusals import (
@@ -283,16 +284,11 @@ def _replay(
     for index, c in enumerate(containers):
         if c.units <= 0:
             continue
-        held = [0] * len(gpus)
-        reuse_total = sum(reusable)
-        if reuse_total:
-            if c.units < reuse_total and sum(1 for n in reusable if n) > 1:
-                spread_over = sum(1 for n in reusable if n)
-                key: RefusalKey = (REUSE, index, c.units, reuse_total, spread_over, 0)
-                return _refused(placed, taken, gpus, key, containers)
-            for pos, n in enumerate(reusable):
-                part = min(n, c.units - sum(held))
-                held[pos] = part
+        held = reused_units(c.units, reusable)
+        if held is None:
+            spread_over = sum(1 for n in reusable if n)
+            key: RefusalKey = (REUSE, index, c.units, sum(reusable), spread_over, 0)
+            return _refused(placed, taken, gpus, key, containers)
         need = c.units - sum(held)
         if need > sum(free):
             return _refused(placed, taken, gpus, _short(index, need, free, gpus), containers)

@@ -56,8 +56,13 @@ from plugin.placement.fleet.closed_forms import (
 )
 from plugin.placement.fleet.packing import two_items_fit
 from plugin.placement.fleet.replay import replay_pod, row_by_row, rows_until_spent
-from plugin.placement.plan_search import SearchBudget, independent_items, one_chain
-from plugin.placement.pod import ContainerRequest, largest_first, raised_chains
+from plugin.placement.plan_search import SearchBudget, independent_items
+from plugin.placement.pod import (
+    ContainerRequest,
+    largest_first,
+    raised_chains,
+    replays_are_exact,
+)
 from plugin.placement.refusals import FITS, SHORT
 
 __all__ = [
@@ -164,10 +169,9 @@ def searched(
             fits = alt.fits
             placed.patch(rows[fits], _only(alt, np.flatnonzero(fits)))
             rows = rows[~fits]
-        asks = [(c.kind, c.units) for c in containers]
-        if one_chain(asks):
+        if replays_are_exact(containers):
             return placed
-        items = independent_items(asks)
+        items = independent_items([(c.kind, c.units) for c in containers])
         if items is not None and len(items) == 2 and rows.size:
             rows = rows[two_items_fit(fleet.free[rows], fleet.units_per_gpu[rows], *items)]
     if rows.size:
