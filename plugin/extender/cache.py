@@ -203,15 +203,14 @@ class LedgerCache:
         """Keep preemption's facts for pods that ask for the resource (the only ones that
         can hold units), and drop them for pods that ended."""
         try:
-            asks = any(
-                c.units for c in container_requests(pod, resource=self._core.ledger.resource)
-            )
+            requests = container_requests(pod, resource=self._core.ledger.resource)
         except PodSpecError:
-            asks = False
-        if not asks or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            requests = ()
+        asking = {c.name for c in requests if c.units}
+        if not asking or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             self._core.directory.drop(uid)
             return
-        facts = pod_facts(pod, resource=self._core.ledger.resource)
+        facts = pod_facts(pod, asking=asking)
         self._core.directory.put(facts)
         if facts.terminating:
             self._victim_leaving(uid)

@@ -414,7 +414,6 @@ def bind_decision(
         if user_of is not None and not isinstance(view, str):
             own = mps_users.for_pod(
                 ask.user,
-                node,
                 view,
                 enforces=ledger.enforces(node),
                 holdings=ledger.holdings(node),

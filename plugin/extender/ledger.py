@@ -246,10 +246,6 @@ class Ledger:
             self._settled.add(uid)
         self._touch(name)
 
-    def enforcing(self, name: str) -> bool:
-        """``name``'s ledger says a supervised MPS daemon serves its GPUs (``enforces``)."""
-        return name in self._enforcing
-
     def any_enforcing(self) -> bool:
         """Some node's GPUs are served by a supervised MPS daemon (one dict check per
         filter call on clusters without MPS)."""

@@ -25,7 +25,7 @@ yet) count as unknown: a GPU is shared only when it is certain to be safe.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Final
 
 from plugin.extender.ledger import Holding, NodeView
@@ -38,16 +38,17 @@ User = int | None
 """A UID, None when unknown (the image's), or :data:`MIXED`."""
 
 
-def pod_user(pod: Mapping[str, Any], *, asks: Callable[[Mapping[str, Any]], bool]) -> User:
+def pod_user(pod: Mapping[str, Any], *, asking: Collection[str]) -> User:
     """The user the pod's MPS clients run as: the ``runAsUser`` shared by every container
-    for which ``asks`` is true (it asks for the GPU resource), None when one of them has
-    none, :data:`MIXED` when they differ. A pod without such containers: None."""
+    named in ``asking`` (those that ask for GPU units, from
+    :func:`plugin.extender.pods.container_requests`), None when one of them has none,
+    :data:`MIXED` when they differ. A pod without such containers: None."""
     spec = pod.get("spec") or {}
     pod_level = _run_as_user(spec.get("securityContext"))
     users: set[User] = set()
     for group in ("initContainers", "containers"):
         for container in spec.get(group) or ():
-            if not isinstance(container, Mapping) or not asks(container):
+            if not isinstance(container, Mapping) or container.get("name") not in asking:
                 continue
             own = _run_as_user(container.get("securityContext"))
             users.add(own if own is not None else pod_level)
@@ -58,23 +59,6 @@ def pod_user(pod: Mapping[str, Any], *, asks: Callable[[Mapping[str, Any]], bool
     if len(users) > 1:
         return MIXED
     return next(iter(users))
-
-
-def asks_resource(resource: str) -> Callable[[Mapping[str, Any]], bool]:
-    """Whether a container asks for ``resource`` (a limit or request other than 0): the
-    containers whose user counts."""
-
-    def asks(container: Mapping[str, Any]) -> bool:
-        resources = container.get("resources") or {}
-        if not isinstance(resources, Mapping):
-            return False
-        for part in ("limits", "requests"):
-            amounts = resources.get(part) or {}
-            if isinstance(amounts, Mapping) and str(amounts.get(resource, "0")) not in ("0", ""):
-                return True
-        return False
-
-    return asks
 
 
 def _run_as_user(context: object) -> int | None:
@@ -143,7 +127,6 @@ def foreign_refusal(refusal: str, blocked: Iterable[int], user: User) -> str:
 
 def for_pod(
     user: User,
-    node: str,
     view: NodeView,
     *,
     enforces: frozenset[str] | None,

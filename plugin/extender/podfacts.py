@@ -15,11 +15,11 @@ follows the GPU pods, never the cluster's pod count.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugin.extender.mps_users import asks_resource, pod_user
+from plugin.extender.mps_users import pod_user
 
 MAX_PODS = 200_000
 """Pods whose facts are kept (far above the GPU pods of any cluster: 10,000 GPUs with
@@ -44,10 +44,10 @@ class PodFacts:
     None: unknown or not read)."""
 
 
-def pod_facts(pod: Mapping[str, Any], *, resource: str | None = None) -> PodFacts:
+def pod_facts(pod: Mapping[str, Any], *, asking: Collection[str] | None = None) -> PodFacts:
     """The facts of a Pod object as the API serves it (never raises: odd values read as
-    the API server's defaults); with ``resource``, the user its containers asking for it
-    run as."""
+    the API server's defaults); with ``asking`` (the names of its containers that ask for
+    GPU units), the user they run as."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -62,7 +62,7 @@ def pod_facts(pod: Mapping[str, Any], *, resource: str | None = None) -> PodFact
         labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {},
         started_at=str(status.get("startTime") or ""),
         terminating=bool(meta.get("deletionTimestamp")),
-        user=pod_user(pod, asks=asks_resource(resource)) if resource is not None else None,
+        user=pod_user(pod, asking=asking) if asking is not None else None,
     )
 
 

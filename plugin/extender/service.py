@@ -34,7 +34,7 @@ from plugin.extender.decision import (
 )
 from plugin.extender.ledger import Ledger, NodeView, Nomination, rfc3339
 from plugin.extender.matrix import NodeMatrix
-from plugin.extender.mps_users import asks_resource, pod_user
+from plugin.extender.mps_users import pod_user
 from plugin.extender.podfacts import PodDirectory, PodFacts, pod_facts
 from plugin.extender.pods import PodSpecError, container_requests, placement_policy
 from plugin.extender.preemption import NodePlan, candidates_wanted, search_nodes, select_victims
@@ -132,8 +132,9 @@ class ExtenderCore:
             isinstance(annotations, Mapping)
             and annotations.get(ANNOTATION_COMPUTE_POLICY) == "fixed"
         )
-        user = pod_user(pod, asks=asks_resource(self.resource))
-        ask = PodAsk(container_requests(pod, resource=self.resource), policy, fixed, user)
+        requests = container_requests(pod, resource=self.resource)
+        user = pod_user(pod, asking={c.name for c in requests if c.units})
+        ask = PodAsk(requests, policy, fixed, user)
         # One object per distinct ask: the pods of a workload ask alike, and the asks
         # remembered for bind are then a few objects for the collector, not thousands.
         ask = self._distinct_asks.setdefault(ask, ask)
@@ -171,9 +172,7 @@ class ExtenderCore:
             return result, "unreadable_pod"
         counts = {REASON_NAMES.get(kind, "other"): n for kind, n in outcome.refused_by.items()}
         if outcome.unresolvable:
-            counts["no_usable_ledger"] = counts.get("no_usable_ledger", 0) + len(
-                outcome.unresolvable
-            )
+            counts["no_usable_ledger"] = len(outcome.unresolvable)
         if uncapped:
             counts["cannot_cap_fixed"] = len(uncapped)
         if not counts:
@@ -237,16 +236,16 @@ class ExtenderCore:
     ) -> tuple[NodeView, set[int]] | str | None:
         """The node as this pod may use it on an MPS node (:mod:`plugin.extender.mps_users`),
         or why it may not at all; None where nothing changes (no MPS, nothing taken)."""
-        if not self.ledger.enforcing(name):
+        enforces = self.ledger.enforces(name)
+        if not enforces:
             return None
         view = self.ledger.view_for(name, pod_uid=facts.uid, priority=facts.priority)
         if isinstance(view, str):
             return None
         own = mps_users.for_pod(
             ask.user,
-            name,
             view,
-            enforces=self.ledger.enforces(name),
+            enforces=enforces,
             holdings=self.ledger.holdings(name),
             user_of=self._user_of,
         )

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from plugin.api.scheduling import NodeLedger
-from plugin.extender.mps_users import MIXED, asks_resource, pod_user
+from plugin.extender.mps_users import MIXED, pod_user
 from plugin.extender.podfacts import PodFacts
+from plugin.extender.pods import container_requests
 from plugin.extender.protocol import parse_args
 from plugin.extender.service import ExtenderCore
 from tests.extender.builders import RESOURCE, ledger, pod
@@ -51,7 +52,8 @@ def mps_node(used: list[int], *, node: str, holders: list[str], mps: bool = True
     ],
 )
 def test_the_user_of_a_pods_gpu_containers(the_pod: dict[str, Any], expected: int | None) -> None:
-    assert pod_user(the_pod, asks=asks_resource(RESOURCE)) == expected
+    asking = {c.name for c in container_requests(the_pod, resource=RESOURCE) if c.units}
+    assert pod_user(the_pod, asking=asking) == expected
 
 
 def core_with_users(*, bulk: bool, mps: bool = True) -> ExtenderCore:
