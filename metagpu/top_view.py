@@ -17,7 +17,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any, Final
 
-from plugin.agent.mgctl import describe_mps, fmt_limits
+from plugin.agent.mgctl import describe_mps, fmt_limits, fmt_pair_mib, fmt_percent
 
 Json = dict[str, Any]
 
@@ -156,8 +156,8 @@ def _gpu_block(gpu: Json, *, width: int, ascii_only: bool) -> list[str]:
     lines = [_gpu_title(gpu)]
     rows: list[tuple[str, float | None, str]] = [
         ("units", _ratio(allocated, total), f"{allocated}/{total} allocated"),
-        ("memory", _ratio(used, mem_total), _pair_mib(used, mem_total)),
-        ("SM", None if util is None else float(util) / 100, _percent(util)),
+        ("memory", _ratio(used, mem_total), fmt_pair_mib(used, mem_total)),
+        ("SM", None if util is None else float(util) / 100, fmt_percent(util)),
     ]
     lines += [_bar_row(*row, width=width, ascii_only=ascii_only) for row in rows]
     other = gpu.get("otherOwner")
@@ -176,14 +176,14 @@ def _own_share(gpu: Json, *, width: int, ascii_only: bool) -> list[str]:
     used, limit = share.get("memoryUsedMiB"), share.get("memoryLimitMiB")
     util = share.get("utilizationPercent")
     title = f"GPU {gpu.get('index')}  {gpu.get('name') or '?'}  share {_share(share)}"
-    memory = _pair_mib(used, limit) + (" OVER" if share.get("overLimit") else "")
+    memory = fmt_pair_mib(used, limit) + (" OVER" if share.get("overLimit") else "")
     lines = [
         title,
         _bar_row("memory", _ratio(used, limit), memory, width=width, ascii_only=ascii_only),
         _bar_row(
             "SM",
             None if util is None else float(util) / 100,
-            _percent(util),
+            fmt_percent(util),
             width=width,
             ascii_only=ascii_only,
         ),
@@ -204,9 +204,9 @@ def _share_table(shares: Sequence[Json], *, width: int) -> list[str]:
         [
             f"{s.get('namespace')}/{s.get('pod')}/{s.get('container')}",
             _share(s),
-            _pair_mib(s.get("memoryUsedMiB"), s.get("memoryLimitMiB"))
+            fmt_pair_mib(s.get("memoryUsedMiB"), s.get("memoryLimitMiB"))
             + (" OVER" if s.get("overLimit") else ""),
-            _percent(s.get("utilizationPercent")),
+            fmt_percent(s.get("utilizationPercent")),
             fmt_limits(s),
         ]
         for s in shares
@@ -238,16 +238,6 @@ def _ratio(part: Any, whole: Any) -> float | None:
     if part is None or not whole:
         return None
     return float(part) / float(whole)
-
-
-def _pair_mib(used: Any, total: Any) -> str:
-    a = "-" if used is None else f"{int(used):,}"
-    b = "-" if total is None else f"{int(total):,}"
-    return f"{a} / {b} MiB"
-
-
-def _percent(value: Any) -> str:
-    return "-" if value is None else f"{value:g}%"
 
 
 def _share(share: Json) -> str:
