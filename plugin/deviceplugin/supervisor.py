@@ -62,7 +62,7 @@ from plugin.deviceplugin.server import KUBELET_SOCKET_NAME, PluginServer, Plugin
 from plugin.deviceplugin.servicer import DevicePluginServicer
 from plugin.gpu.backend import ComputeModeControl, GpuBackend, GpuBackendError, NullBackend
 from plugin.gpu.backends import open_backend
-from plugin.gpu.health import HealthPolicy, RecoveryChecks
+from plugin.gpu.health import HealthPolicy
 from plugin.gpu.health_file import REFRESH_INTERVAL_S, BoardPublisher, health_file_path
 from plugin.gpu.health_monitor import HealthBoard, HealthMonitor
 from plugin.gpu.identity import GpuIdentityBook
@@ -228,7 +228,7 @@ class Supervisor:
         try:
             config = self._initial or self._load()
             backend = await self._open_first_backend(config)
-            self.board = HealthBoard(_policy(config))
+            self.board = HealthBoard(HealthPolicy.of(config.health))
             self.publisher = BoardPublisher(health_file_path(config.device_plugins_dir))
             self.board.add_listener(self.publisher)
             refresh = asyncio.create_task(self._refresh_board(), name="health-board-refresh")
@@ -450,7 +450,7 @@ class Supervisor:
     ) -> _Node:
         """``mps``: a supervised daemon kept from the node before a reload."""
         assert self.board is not None
-        self.board.ledger.set_policy(_policy(config))
+        self.board.ledger.set_policy(HealthPolicy.of(config.health))
         if self.publisher is not None:
             self.publisher.path = health_file_path(config.device_plugins_dir)
         monitor: HealthMonitor | None = None
@@ -788,17 +788,3 @@ def _close_quietly(backend: GpuBackend) -> None:
         backend.close()
     except GpuBackendError as exc:
         logger.warning("closing the rejected GPU backend failed: %s", exc)
-
-
-def _policy(config: PluginConfig) -> HealthPolicy:
-    health = config.health
-    return HealthPolicy(
-        ignored_xids=frozenset(health.ignored_xids),
-        recovery_s=health.recovery_s,
-        checks=RecoveryChecks(
-            volatile_ecc=health.check_volatile_ecc,
-            row_remap=health.check_row_remap,
-            retired_pages=health.check_retired_pages,
-        ),
-        liveness_interval_s=health.liveness_interval_s,
-    )

@@ -38,7 +38,7 @@ from plugin.dra.servicer import DraServicer, HealthServicer, ReadClaim, Registra
 from plugin.dra.slices import SlicePlan, build_slice
 from plugin.gpu.backend import GpuBackend, GpuBackendError, NullBackend
 from plugin.gpu.backends import open_backend
-from plugin.gpu.health import HealthPolicy, RecoveryChecks
+from plugin.gpu.health import HealthPolicy
 from plugin.gpu.health_monitor import HealthBoard, HealthMonitor
 from plugin.kube.errors import ApiOpener
 
@@ -49,19 +49,6 @@ BackendFactory = Callable[[DraConfig], GpuBackend]
 
 def _open_backend(config: DraConfig) -> GpuBackend:
     return open_backend(gpus_file=config.gpus_file)
-
-
-def health_policy(config: DraConfig) -> HealthPolicy:
-    health = config.health
-    return HealthPolicy(
-        ignored_xids=frozenset(health.ignored_xids),
-        recovery_s=health.recovery_s,
-        checks=RecoveryChecks(
-            volatile_ecc=health.check_volatile_ecc,
-            row_remap=health.check_row_remap,
-            retired_pages=health.check_retired_pages,
-        ),
-    )
 
 
 @dataclass
@@ -95,7 +82,7 @@ class DraPlugin:
         if not self.config.node_name:
             raise ConfigError("node_name is required (the chart sets NODE_NAME)")
         self.node_name = self.config.node_name
-        self.board = HealthBoard(health_policy(self.config))
+        self.board = HealthBoard(HealthPolicy.of(self.config.health))
         self.preparer = Preparer(config=self.config, node_name=self.node_name)
         self.registration = RegistrationServicer(
             driver=self.config.driver_name, endpoint=self.config.socket_path

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from plugin.api.config import DEFAULT_IGNORED_XIDS
+from plugin.api.config import DEFAULT_IGNORED_XIDS, HealthConfig
 from plugin.gpu.backend import GpuEvent, MemoryHealth
 
 ECC_DOUBLE_BIT_XID = 48
@@ -150,6 +150,21 @@ class HealthPolicy:
     checks: RecoveryChecks = field(default_factory=RecoveryChecks)
     liveness_interval_s: float = 10.0
     """Seconds between liveness polls of every healthy GPU; 0 turns them off."""
+
+    @classmethod
+    def of(cls, health: HealthConfig) -> HealthPolicy:
+        """The policy a ``health`` config section asks for (the device plugin's and the
+        DRA plugin's alike)."""
+        return cls(
+            ignored_xids=frozenset(health.ignored_xids),
+            recovery_s=health.recovery_s,
+            checks=RecoveryChecks(
+                volatile_ecc=health.check_volatile_ecc,
+                row_remap=health.check_row_remap,
+                retired_pages=health.check_retired_pages,
+            ),
+            liveness_interval_s=health.liveness_interval_s,
+        )
 
     def verdict(self, event: GpuEvent) -> str | None:
         """Why ``event`` makes its GPU unhealthy, or None when it does not."""
