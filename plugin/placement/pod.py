@@ -174,15 +174,7 @@ def place_pod(
         return replayed
     plan, taken = found
     placed = tuple(
-        ContainerPlacement(
-            c.name,
-            c.kind,
-            c.units,
-            {gpus[pos].id: n for pos, n in enumerate(mine) if n},
-            split=False,
-        )
-        for c, mine in zip(containers, plan, strict=True)
-        if c.units > 0
+        _unsplit(c, mine, gpus) for c, mine in zip(containers, plan, strict=True) if c.units > 0
     )
     return PodPlacement(placed, _by_id(taken, gpus))
 
@@ -248,9 +240,7 @@ def chain_replay(
         share = [0] * len(gpus)
         for gpu, n in at.gpus.items():
             share[index[gpu]] = n
-        part = chain_prefix(share, c.units, units_per_gpu=units_per_gpu)
-        gpus_of = {gpus[pos].id: n for pos, n in enumerate(part) if n}
-        own.append(ContainerPlacement(c.name, c.kind, c.units, gpus_of, split=False))
+        own.append(_unsplit(c, chain_prefix(share, c.units, units_per_gpu=units_per_gpu), gpus))
     return PodPlacement(tuple(own), placed.taken)
 
 
@@ -310,21 +300,20 @@ def _replay(
         if c.kind == "init":
             for pos, n in enumerate(mine):
                 reusable[pos] += n
-        placed.append(
-            ContainerPlacement(
-                c.name,
-                c.kind,
-                c.units,
-                {gpus[pos].id: n for pos, n in enumerate(mine) if n},
-                split=False,
-            )
-        )
+        placed.append(_unsplit(c, mine, gpus))
     return PodPlacement(tuple(placed), _by_id(taken, gpus))
 
 
 # ---------------------------------------------------------------- internals
 def _by_id(counts: Sequence[int], gpus: Sequence[GpuState]) -> dict[str, int]:
     return {gpus[pos].id: n for pos, n in enumerate(counts) if n}
+
+
+def _unsplit(
+    c: ContainerRequest, mine: Sequence[int], gpus: Sequence[GpuState]
+) -> ContainerPlacement:
+    """``c`` placed with ``mine`` units on each GPU, no fraction split."""
+    return ContainerPlacement(c.name, c.kind, c.units, _by_id(mine, gpus), split=False)
 
 
 def _refused(
