@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from metagpu.dev_prompt import PromptError, Quit, ShowHelp
 from metagpu.dev_session import (
     DevOptions,
     prepare_gpus_file,
+    prompt_loop,
     read_stdin_in_background,
     say,
     shown,
@@ -136,7 +136,14 @@ async def _main(options: DevOptions) -> int:
             first = await health.next()
             _banner(session, info, first, gpus_file)
             say(DRA_PROMPT_HELP)
-            await _prompt_loop(session, lines=lines, stop=stop, task=task)
+            await prompt_loop(
+                lines,
+                stop=stop,
+                task=task,
+                prompt="metagpu dra> ",
+                what="the DRA plugin",
+                handle=lambda line: _handle_line(session, line),
+            )
     finally:
         plugin_stop.set()
         with contextlib.suppress(TimeoutError):
@@ -234,45 +241,18 @@ def _free(s: _DraSession, body: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------- commands
-async def _prompt_loop(
-    s: _DraSession,
-    *,
-    lines: asyncio.Queue[str | None],
-    stop: asyncio.Event,
-    task: asyncio.Task[int],
-) -> None:
-    interactive = sys.stdin.isatty()
-    stopped = asyncio.create_task(stop.wait(), name="wait-stop")
+async def _handle_line(s: _DraSession, line: str) -> bool:
+    """One prompt line of ``metagpu dev --dra``; False: quit."""
     try:
-        while True:
-            if interactive:
-                print("metagpu dra> ", end="", flush=True)
-            line_task = asyncio.create_task(lines.get(), name="next-line")
-            done, _ = await asyncio.wait(
-                {line_task, stopped, task}, return_when=asyncio.FIRST_COMPLETED
-            )
-            if line_task not in done:
-                line_task.cancel()
-                if task in done:
-                    say(f"the DRA plugin stopped (exit {task.result()}); stopping")
-                return
-            line = line_task.result()
-            if line is None:  # end of input
-                if interactive:
-                    return
-                await asyncio.wait({stopped, task}, return_when=asyncio.FIRST_COMPLETED)
-                return
-            try:
-                command = parse_dra_prompt(line, units_per_gpu=s.config.units_per_gpu)
-                if command is None:
-                    continue
-                if isinstance(command, Quit):
-                    return
-                await _execute(s, command)
-            except (PromptError, DraKubeletSimError, OSError) as exc:
-                say(f"error: {exc}")
-    finally:
-        stopped.cancel()
+        command = parse_dra_prompt(line, units_per_gpu=s.config.units_per_gpu)
+        if command is None:
+            return True
+        if isinstance(command, Quit):
+            return False
+        await _execute(s, command)
+    except (PromptError, DraKubeletSimError, OSError) as exc:
+        say(f"error: {exc}")
+    return True
 
 
 async def _execute(s: _DraSession, command: DraCommand) -> None:

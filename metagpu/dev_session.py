@@ -28,7 +28,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -205,7 +205,14 @@ async def _main(options: DevOptions) -> int:
                     _banner(session, agent_problem)
                     await _demo(session)
                     say(PROMPT_HELP)
-                    await _prompt_loop(session, lines=lines, stop=stop, plugin=plugin)
+                    await prompt_loop(
+                        lines,
+                        stop=stop,
+                        task=plugin,
+                        prompt="metagpu> ",
+                        what="the device plugin",
+                        handle=lambda line: _handle_line(session, line),
+                    )
             finally:
                 supervisor.request_stop()
                 with contextlib.suppress(TimeoutError):
@@ -404,46 +411,62 @@ def _gpu_names(s: _Session) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- commands
-async def _prompt_loop(
-    s: _Session,
-    *,
+async def prompt_loop(
     lines: asyncio.Queue[str | None],
+    *,
     stop: asyncio.Event,
-    plugin: asyncio.Task[int],
+    task: asyncio.Task[int],
+    prompt: str,
+    what: str,
+    handle: Callable[[str], Awaitable[bool]],
 ) -> None:
+    """Read commands from ``lines`` (:func:`read_stdin_in_background`) and ``handle`` each
+    (False: quit) until ``stop`` is set, ``task`` (the plugin) ends, or the input ends.
+
+    ``metagpu dev`` and ``metagpu dev --dra`` share it. Piped input (tests, scripts)
+    that ends keeps the session running until it is stopped; a terminal's end of input
+    (Ctrl-D) stops it.
+    """
     interactive = sys.stdin.isatty()
     stopped = asyncio.create_task(stop.wait(), name="wait-stop")
     try:
         while True:
             if interactive:
-                print("metagpu> ", end="", flush=True)
+                print(prompt, end="", flush=True)
             line_task = asyncio.create_task(lines.get(), name="next-line")
             done, _ = await asyncio.wait(
-                {line_task, stopped, plugin}, return_when=asyncio.FIRST_COMPLETED
+                {line_task, stopped, task}, return_when=asyncio.FIRST_COMPLETED
             )
             if line_task not in done:
                 line_task.cancel()
-                if plugin in done:
-                    say(f"the device plugin stopped (exit {plugin.result()}); stopping")
+                if task in done:
+                    say(f"{what} stopped (exit {task.result()}); stopping")
                 return
             line = line_task.result()
             if line is None:  # end of input
                 if interactive:
                     return
-                await asyncio.wait({stopped, plugin}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({stopped, task}, return_when=asyncio.FIRST_COMPLETED)
                 return
-            try:
-                command = parse_prompt(line, units_per_gpu=s.plugin_config.units_per_gpu)
-            except PromptError as exc:
-                say(f"error: {exc}")
-                continue
-            if command is None:
-                continue
-            if isinstance(command, Quit):
+            if not await handle(line):
                 return
-            await _execute(s, command)
     finally:
         stopped.cancel()
+
+
+async def _handle_line(s: _Session, line: str) -> bool:
+    """One prompt line of ``metagpu dev``; False: quit."""
+    try:
+        command = parse_prompt(line, units_per_gpu=s.plugin_config.units_per_gpu)
+    except PromptError as exc:
+        say(f"error: {exc}")
+        return True
+    if command is None:
+        return True
+    if isinstance(command, Quit):
+        return False
+    await _execute(s, command)
+    return True
 
 
 async def _execute(s: _Session, command: PromptCommand) -> None:
