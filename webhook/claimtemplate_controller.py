@@ -24,7 +24,7 @@ from typing import Any, Final, cast
 
 from kubernetes_asyncio import client as k8s_client
 
-from plugin.kube.listwatch import BACKOFF_S, WATCH_TIMEOUT_S, ListWatch
+from plugin.kube.listwatch import WATCH_TIMEOUT_S, ListWatch
 from webhook.claimtemplates import GC_AFTER_S, Action, Create, Delete, plan_namespace, pod_shapes
 from webhook.dra import MANAGED_BY, MANAGED_BY_LABEL, Shape
 from webhook.model import DraSettings
@@ -69,14 +69,13 @@ class ClaimTemplateController:
         self._templates: dict[str, dict[str, Obj]] = {}
         self._unreferenced: dict[str, dict[str, float]] = {}
         self._queue = NamespaceQueue()
-        self._failures: dict[str, int] = {}
 
     def _now(self) -> float:
         return self._clock() if self._clock else asyncio.get_running_loop().time()
 
     async def run(self) -> None:
         """Until cancelled: list, watch and reconcile (state starts empty on every run)."""
-        self._pods, self._templates, self._failures = {}, {}, {}
+        self._pods, self._templates = {}, {}
         self._unreferenced = {}
         self._queue.clear()
         watches = [
@@ -104,7 +103,7 @@ class ClaimTemplateController:
             # Plan only once both views are whole: a namespace whose templates are
             # not listed yet would be planned as having none.
             await asyncio.gather(*(w.synced.wait() for w in watches))
-            await self._queue.run(self._reconcile)
+            await self._queue.run(self._reconcile, what="claim templates")
         finally:
             for task in tasks:
                 task.cancel()
@@ -178,27 +177,11 @@ class ClaimTemplateController:
                 )
             for action in plan.actions:
                 await self._apply(action, namespace)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            failures = self._failures.get(namespace, 0) + 1
-            self._failures[namespace] = failures
-            delay = min(BACKOFF_S[0] * 2 ** (failures - 1), BACKOFF_S[1])
-            logger.warning(
-                "claim templates: could not reconcile a namespace; retrying",
-                extra={
-                    "namespace": namespace,
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "retry_in_s": delay,
-                },
-            )
-            asyncio.get_running_loop().call_later(delay, self._queue.mark, {namespace})
-        else:
-            self._failures.pop(namespace, None)
-        if not self._pods.get(namespace) and not self._templates.get(namespace):
-            self._pods.pop(namespace, None)
-            self._templates.pop(namespace, None)
-            self._unreferenced.pop(namespace, None)
+        finally:
+            if not self._pods.get(namespace) and not self._templates.get(namespace):
+                self._pods.pop(namespace, None)
+                self._templates.pop(namespace, None)
+                self._unreferenced.pop(namespace, None)
 
     async def _apply(self, action: Action, namespace: str) -> None:
         if isinstance(action, Create):

@@ -25,7 +25,7 @@ from typing import Any, Final, cast
 
 from kubernetes_asyncio import client as k8s_client
 
-from plugin.kube.listwatch import BACKOFF_S, WATCH_TIMEOUT_S, ListWatch
+from plugin.kube.listwatch import WATCH_TIMEOUT_S, ListWatch
 from webhook.namespace_queue import NamespaceQueue, apply_change, index_by_namespace
 from webhook.quotas.calls import Answer, call_api, raw_options
 from webhook.quotas.leader import LeaderElector, LeaseTiming
@@ -64,12 +64,11 @@ class QuotaMirror:
         self._watch_timeout_s = watch_timeout_s
         self._quotas: dict[str, dict[str, Obj]] = {}
         self._queue = NamespaceQueue()
-        self._failures: dict[str, int] = {}
         self._blocked: set[tuple[str, str]] = set()
 
     async def run(self) -> None:
         """Until cancelled: list, watch and reconcile (state starts empty on every run)."""
-        self._quotas, self._failures = {}, {}
+        self._quotas = {}
         self._queue.clear()
         watch = ListWatch(
             "resourcequotas (quota mirror)",
@@ -80,7 +79,7 @@ class QuotaMirror:
         )
         watcher = asyncio.create_task(watch.run(), name="metagpu-quota-mirror-watch")
         try:
-            await self._queue.run(self._reconcile)
+            await self._queue.run(self._reconcile, what="quota mirror")
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -108,25 +107,9 @@ class QuotaMirror:
         try:
             for action in plan_namespace(list(quotas.values()), self._settings):
                 await self._apply(action, namespace)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            failures = self._failures.get(namespace, 0) + 1
-            self._failures[namespace] = failures
-            delay = min(BACKOFF_S[0] * 2 ** (failures - 1), BACKOFF_S[1])
-            logger.warning(
-                "quota mirror could not reconcile a namespace; retrying",
-                extra={
-                    "namespace": namespace,
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "retry_in_s": delay,
-                },
-            )
-            asyncio.get_running_loop().call_later(delay, self._queue.mark, {namespace})
-        else:
-            self._failures.pop(namespace, None)
-        if not quotas:
-            self._quotas.pop(namespace, None)
+        finally:
+            if not quotas:
+                self._quotas.pop(namespace, None)
 
     async def _apply(self, action: Action, namespace: str) -> None:
         if isinstance(action, Blocked):
