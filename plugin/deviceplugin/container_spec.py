@@ -19,7 +19,8 @@ variables. For a container holding meta-devices on one or more GPUs:
   kernel's 128 KiB limit for one environment string;
 * ``METAGPU_AGENT_SOCKET`` and a read-only mount of the agent's socket
   directory, so ``mgctl`` inside the container finds the node agent;
-* with MPS: ``CUDA_MPS_PIPE_DIRECTORY``, the pipe directory mount and
+* with MPS: ``CUDA_MPS_PIPE_DIRECTORY``, the pipe directory mount (and
+  ``/dev/shm``) from :mod:`plugin.api.mps_clients`, and
   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=40960M,1=20480M``) keyed by each
   GPU's ordinal inside the container, i.e. its position in
   ``NVIDIA_VISIBLE_DEVICES``.
@@ -33,6 +34,7 @@ from pathlib import PurePosixPath
 
 from plugin.api.config import PluginConfig
 from plugin.api.limits import memory_limit_mib, pinned_limit_env
+from plugin.api.mps_clients import MountSpec, mps_client_env, mps_client_mounts
 from plugin.api.resources import (
     AGENT_SOCKET_NAME,
     CONTAINER_AGENT_DIR,
@@ -41,7 +43,6 @@ from plugin.api.resources import (
     ENV_GPU_FRACTION,
     ENV_MEMORY_LIMIT_MB,
     ENV_MPS_PINNED_DEVICE_MEM_LIMIT,
-    ENV_MPS_PIPE_DIRECTORY,
     ENV_NVIDIA_VISIBLE_DEVICES,
     ENV_UNITS,
     REPLICA_SEPARATOR,
@@ -54,16 +55,6 @@ runtime reads the GPU list from mount destinations under it."""
 
 VOLUME_MOUNTS_HOST_PATH = "/dev/null"
 """NVIDIA's ``deviceListAsVolumeMountsHostPath``: the mount source is irrelevant."""
-
-SHM_PATH = "/dev/shm"
-"""Where ``mps.shm_directory`` is mounted in MPS clients (NVIDIA's ``ShmDir``)."""
-
-
-@dataclass(frozen=True)
-class MountSpec:
-    container_path: str
-    host_path: str
-    read_only: bool
 
 
 @dataclass(frozen=True)
@@ -130,27 +121,12 @@ def build_container_spec(devices: Sequence[MetaDevice], *, config: PluginConfig)
             for gpu_id in gpu_ids
         )
     if config.mps.enabled:
-        envs[ENV_MPS_PIPE_DIRECTORY] = str(config.mps.container_pipe_directory)
+        # the pipe directory and /dev/shm, as the DRA plugin's CDI spec hands them
+        envs.update(mps_client_env(config.mps))
         envs[ENV_MPS_PINNED_DEVICE_MEM_LIMIT] = pinned_limit_env(
             [s.memory_limit_mib for s in shares]
         )
-        mounts.append(
-            MountSpec(
-                container_path=str(config.mps.container_pipe_directory),
-                host_path=str(config.mps.pipe_directory),
-                read_only=False,
-            )
-        )
-        if config.mps.shm_directory is not None:
-            # The MPS server (spawned by the daemon, in the plugin's container) and
-            # its clients exchange shared memory in /dev/shm: one tmpfs for both.
-            mounts.append(
-                MountSpec(
-                    container_path=SHM_PATH,
-                    host_path=str(config.mps.shm_directory),
-                    read_only=False,
-                )
-            )
+        mounts.extend(mps_client_mounts(config.mps))
     return ContainerSpec(envs=envs, mounts=tuple(mounts), shares=shares)
 
 

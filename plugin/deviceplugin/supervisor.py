@@ -60,15 +60,14 @@ from plugin.deviceplugin.ownership import DEFAULT_INTERVAL_S, NodeDevicesSource,
 from plugin.deviceplugin.podresources import PodResourcesReader
 from plugin.deviceplugin.server import KUBELET_SOCKET_NAME, PluginServer, PluginServerError
 from plugin.deviceplugin.servicer import DevicePluginServicer
-from plugin.gpu.backend import ComputeModeControl, GpuBackend, GpuBackendError, NullBackend
+from plugin.gpu.backend import GpuBackend, GpuBackendError, NullBackend
 from plugin.gpu.backends import open_backend
 from plugin.gpu.health import HealthPolicy
 from plugin.gpu.health_file import REFRESH_INTERVAL_S, BoardPublisher, health_file_path
 from plugin.gpu.health_monitor import HealthBoard, HealthMonitor
 from plugin.gpu.identity import GpuIdentityBook
-from plugin.gpu.mps import Backoff, MpsGpu, MpsNode
-from plugin.gpu.mps_control import MpsControl
-from plugin.gpu.mps_supervisor import MpsSupervisor
+from plugin.gpu.mps import MpsGpu, MpsNode
+from plugin.gpu.mps_supervisor import MpsSupervisor, compute_mode_control, supervisor_for
 from plugin.placement.devices import (
     DeviceError,
     DeviceTable,
@@ -473,7 +472,7 @@ class Supervisor:
             )
         logger.info("GPU backend: %s", getattr(backend, "kind", type(backend).__name__))
         if mps is None:
-            mps = _mps_supervisor(config, backend, self.board)
+            mps = supervisor_for(config.mps, backend, self.board)
         if mps is None:
             # The supervised daemon publishes its own state when it serves; without
             # one the agent must still learn that nothing is enforced here.
@@ -742,45 +741,14 @@ def _dry_run(config: PluginConfig, backend: GpuBackend) -> None:
             _table(config, chosen)
 
 
-def _mps_supervisor(
-    config: PluginConfig, backend: GpuBackend, board: HealthBoard
-) -> MpsSupervisor | None:
-    """The supervised daemon ``mps.supervise`` asks for (None without it or without GPUs)."""
-    mps = config.mps
-    if not (mps.enabled and mps.supervise) or isinstance(backend, NullBackend):
-        return None
-    modes = _mode_control(config, backend)
-    control = MpsControl(
-        command=tuple(mps.control_command),
-        pipe_directory=mps.pipe_directory,
-        log_directory=mps.effective_log_directory,
-    )
-    return MpsSupervisor(
-        control,
-        board,
-        modes=modes,
-        health_interval_s=mps.health_interval_s,
-        command_timeout_s=mps.command_timeout_s,
-        start_timeout_s=mps.start_timeout_s,
-        backoff=Backoff(initial_s=mps.restart_backoff_s, max_s=mps.restart_backoff_max_s),
-    )
-
-
 def _keep_mps(old: _Node | None, config: PluginConfig, backend: GpuBackend) -> MpsSupervisor | None:
     """Hand the running daemon to the reloaded node when ``mps`` did not change: a quit
     would wait for every running client to finish (the daemon's quit is synchronous)."""
     if old is None or old.mps is None or old.config.mps != config.mps:
         return None
     kept, old.mps = old.mps, None
-    kept.set_modes(_mode_control(config, backend))
+    kept.set_modes(compute_mode_control(config.mps, backend))
     return kept
-
-
-def _mode_control(config: PluginConfig, backend: GpuBackend) -> ComputeModeControl | None:
-    """The backend, to set compute modes through, unless ``mps.set_exclusive_process`` is off."""
-    if config.mps.set_exclusive_process and isinstance(backend, ComputeModeControl):
-        return backend
-    return None
 
 
 def _close_quietly(backend: GpuBackend) -> None:

@@ -21,6 +21,12 @@ The limits are the share's, computed by :mod:`plugin.api.limits` (the one formul
   :func:`~plugin.api.limits.memory_limit_mib` of its units;
 * compute: :func:`~plugin.api.limits.thread_percentage` of the charged ``units``.
 
+With ``mps.enabled`` the spec also carries what every MPS client needs, from
+:mod:`plugin.api.mps_clients` (the device plugin's ``Allocate`` hands the same):
+``CUDA_MPS_PIPE_DIRECTORY`` and CDI ``mounts`` of the host's pipe directory (and of
+``mps.shm_directory`` at ``/dev/shm``). Without those two the limits above are
+variables nobody reads: CUDA finds no daemon and runs the client unlimited.
+
 A container holds one share per GPU in the way the webhook's DRA mode will write claims
 (one claim, one request, count 1), so its CUDA ordinal for the share is 0.
 """
@@ -32,6 +38,7 @@ from typing import Any, Final
 
 from plugin.api.gpus import GpuInfo
 from plugin.api.limits import memory_limit_mib, pinned_limit_env, thread_percentage
+from plugin.api.mps_clients import MountSpec, mps_client_env, mps_client_mounts
 from plugin.api.resources import (
     ENV_COMPUTE_POLICY,
     ENV_MEMORY_LIMIT_MB,
@@ -49,6 +56,14 @@ edits), so containerd 1.7's vendored CDI library reads it."""
 CDI_CLASS: Final = "gpu"
 CONTROL_DEVICE_NODES: Final = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 """Nodes every CUDA process needs besides its GPU's ``/dev/nvidia<minor>``."""
+MOUNT_OPTIONS_RW: Final = ("rbind", "rw", "nosuid", "nodev")
+"""A read-write bind of a host directory: what the kubelet asks the runtime for a
+device plugin's ``Mount`` (containerd turns it into ``rbind``, ``rw``), plus
+``nosuid``/``nodev`` as NVIDIA's DRA driver mounts its MPS directories: a client has no
+business running set-uid programs or device files from the pipe directory. CDI
+(``specs-go`` ``Mount``: ``hostPath``, ``containerPath``, ``options``, and ``type``
+from 0.4.0) leaves the type out here: runc binds a mount whose options say ``rbind``."""
+MOUNT_OPTIONS_RO: Final = ("rbind", "ro", "nosuid", "nodev")
 
 
 def cdi_kind(driver: str) -> str:
@@ -115,17 +130,26 @@ def build_spec(
     ]
     if limits.thread_percentage is not None:
         env.append(f"{ENV_MPS_THREAD_PERCENTAGE}={limits.thread_percentage}")
+    env.extend(f"{name}={value}" for name, value in mps_client_env(config.mps).items())
+    edits: dict[str, Any] = {
+        "env": env,
+        "deviceNodes": [{"path": f"/dev/nvidia{gpu.minor_number}"}],
+    }
+    mounts = mps_client_mounts(config.mps)
+    if mounts:  # left out without MPS: the spec stays as it was
+        edits["mounts"] = [cdi_mount(m) for m in mounts]
     return {
         "cdiVersion": CDI_VERSION,
         "kind": cdi_kind(config.driver_name),
-        "devices": [
-            {
-                "name": cdi_device_name(share, claim_uid=claim_uid),
-                "containerEdits": {
-                    "env": env,
-                    "deviceNodes": [{"path": f"/dev/nvidia{gpu.minor_number}"}],
-                },
-            }
-        ],
+        "devices": [{"name": cdi_device_name(share, claim_uid=claim_uid), "containerEdits": edits}],
         "containerEdits": {"deviceNodes": [{"path": p} for p in CONTROL_DEVICE_NODES]},
+    }
+
+
+def cdi_mount(mount: MountSpec) -> dict[str, Any]:
+    """One CDI ``mounts`` entry: a bind of a host path (see :data:`MOUNT_OPTIONS_RW`)."""
+    return {
+        "hostPath": mount.host_path,
+        "containerPath": mount.container_path,
+        "options": list(MOUNT_OPTIONS_RO if mount.read_only else MOUNT_OPTIONS_RW),
     }

@@ -58,6 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-file", type=Path, metavar="FILE", help="simulated GPUs (YAML)")
     parser.add_argument("--units-per-gpu", type=int, metavar="N", help="the units capacity")
     add_switch(parser, "--health-checks", help="watch NVML for XID/ECC errors (health.enabled)")
+    add_switch(
+        parser, "--mps", help="hand shares CUDA MPS settings in their CDI specs (mps.enabled)"
+    )
+    add_switch(
+        parser,
+        "--mps-supervise",
+        help="run and watch the MPS control daemon, GPUs in EXCLUSIVE_PROCESS (mps.supervise)",
+    )
     add_print_config_argument(parser)
 
 
@@ -73,6 +81,8 @@ def load(args: argparse.Namespace) -> DraConfig:
         "gpus_file": args.gpus_file,
         "units_per_gpu": args.units_per_gpu,
         "health.enabled": args.health_checks,
+        "mps.enabled": args.mps,
+        "mps.supervise": args.mps_supervise,
     }
     config = load_config(
         DraConfig, file=args.config, env=os.environ, env_prefix=ENV_PREFIX, flags=flags

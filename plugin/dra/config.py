@@ -15,7 +15,7 @@ from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from plugin.api.config import HealthConfig
+from plugin.api.config import HealthConfig, MpsConfig
 from plugin.api.limits import Policy
 from plugin.api.settings import StrictModel
 
@@ -85,6 +85,10 @@ class DraConfig(StrictModel):
     ``nvidia-ctk cdi generate`` (device names by ``--device-name-strategy``) brings the
     driver libraries, which ours does not. None: our spec only."""
     health: HealthConfig = Field(default_factory=HealthConfig)
+    mps: MpsConfig = Field(default_factory=MpsConfig)
+    """CUDA MPS, the device plugin's section with the same keys and meaning (one model):
+    ``enabled`` adds the pipe directory (and ``/dev/shm``) to every share's CDI spec,
+    ``supervise`` runs the control daemon and withdraws its GPUs while it is down."""
     runtime_check: Literal["enforce", "warn", "off"] = "enforce"
     """Read the node's container runtime at start (:mod:`plugin.dra.cdi_runtime`).
     ``enforce``: a runtime known to lack CDI gets no GPUs offered (pods would run

@@ -5,11 +5,16 @@ Order, and why:
 1. discover the GPUs (simulated or NVML, :func:`plugin.gpu.backends.open_backend`) and
    start health checking into the one health record (:class:`HealthBoard`); a node
    whose driver fails publishes an empty slice and says so rather than crash-looping;
+   with ``mps.supervise``, start the MPS control daemon (:func:`supervisor_for`, the
+   device plugin's supervisor): until it answers, and whenever it stops answering,
+   its GPUs are withdrawn on that board (check ``mps``), so they leave the slice and
+   a prepare on them is refused rather than handing out a GPU without its limits;
 2. open the API server (claims are read from it; the slice is written to it);
 3. serve the driver socket, then the registration socket (:class:`DraServer`);
 4. publish the slice, and again on every deletion, health change and resync
    (:class:`SlicePublisher`);
-5. on stop: sockets first (no new prepares), then publishing, health, the driver.
+5. on stop: sockets first (no new prepares), then publishing, the MPS daemon (quit,
+   compute modes restored), health, the driver.
 
 The slice is not deleted on stop: a rolling update restarts the plugin within seconds,
 and pods being scheduled meanwhile should still see the GPUs. The kubelet deletes a
@@ -40,6 +45,8 @@ from plugin.gpu.backend import GpuBackend, GpuBackendError, NullBackend
 from plugin.gpu.backends import open_backend
 from plugin.gpu.health import HealthPolicy
 from plugin.gpu.health_monitor import HealthBoard, HealthMonitor
+from plugin.gpu.mps import MpsGpu
+from plugin.gpu.mps_supervisor import MpsSupervisor, supervisor_for
 from plugin.kube.errors import ApiOpener
 
 logger = logging.getLogger(__name__)
@@ -76,6 +83,8 @@ class DraPlugin:
     blocked: str | None = field(init=False, default=None)
     """Why every GPU is withdrawn (a runtime without CDI), or None."""
     _offer: object = field(init=False, default=None)
+    mps: MpsSupervisor | None = field(init=False, default=None)
+    """The supervised MPS control daemon (``mps.supervise``) while :meth:`run` runs."""
     """The devices and withdrawals last acted on (:meth:`_on_health`)."""
 
     def __post_init__(self) -> None:
@@ -142,8 +151,21 @@ class DraPlugin:
                     liveness_interval_s=config.health.liveness_interval_s,
                 )
                 await monitor.__aenter__()
+            self.mps = supervisor_for(config.mps, backend, self.board)
+            if self.mps is not None:
+                # Before serving: the first slice already leaves out what the daemon
+                # cannot serve (bounded by mps.start_timeout_s and the command timeouts).
+                await self.mps.serve(
+                    [
+                        MpsGpu(uuid=g.uuid, index=g.index, memory_mib=g.memory_mib)
+                        for g in self._gpus
+                        if g.identity_known and g.unhealthy_reason is None
+                    ]
+                )
             await self._serve(stop)
         finally:
+            if self.mps is not None:
+                await self.mps.stop()  # quit, then the compute modes as they were
             if monitor is not None:
                 await monitor.stop()
             with contextlib.suppress(GpuBackendError):

@@ -42,7 +42,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final, get_args
 
-from plugin.gpu.backend import ComputeMode, ComputeModeControl, GpuBackendError
+from plugin.api.config import MpsConfig
+from plugin.gpu.backend import (
+    ComputeMode,
+    ComputeModeControl,
+    GpuBackend,
+    GpuBackendError,
+    NullBackend,
+)
 from plugin.gpu.health_monitor import HealthBoard
 from plugin.gpu.mps import (
     GET_SERVER_LIST,
@@ -411,6 +418,36 @@ class MpsSupervisor:
             why = self.status.reason or "MPS control daemon starting"
             reasons = {u: self._mode_failures.get(u, why) for u in uuids}
         self._board.set_mps(reasons)
+
+
+def compute_mode_control(mps: MpsConfig, backend: GpuBackend) -> ComputeModeControl | None:
+    """The backend, to set compute modes through, unless ``mps.set_exclusive_process`` is
+    off (or the backend cannot set them)."""
+    if mps.set_exclusive_process and isinstance(backend, ComputeModeControl):
+        return backend
+    return None
+
+
+def supervisor_for(mps: MpsConfig, backend: GpuBackend, board: HealthBoard) -> MpsSupervisor | None:
+    """The supervised daemon ``mps.supervise`` asks for, withdrawing GPUs on ``board``;
+    None without it or without GPUs. One builder for the device plugin and the DRA
+    plugin, so both read the ``mps`` section the same way."""
+    if not (mps.enabled and mps.supervise) or isinstance(backend, NullBackend):
+        return None
+    control = MpsControl(
+        command=tuple(mps.control_command),
+        pipe_directory=mps.pipe_directory,
+        log_directory=mps.effective_log_directory,
+    )
+    return MpsSupervisor(
+        control,
+        board,
+        modes=compute_mode_control(mps, backend),
+        health_interval_s=mps.health_interval_s,
+        command_timeout_s=mps.command_timeout_s,
+        start_timeout_s=mps.start_timeout_s,
+        backoff=Backoff(initial_s=mps.restart_backoff_s, max_s=mps.restart_backoff_max_s),
+    )
 
 
 def _log_exit(task: asyncio.Task[None]) -> None:

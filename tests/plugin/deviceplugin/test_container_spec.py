@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from plugin.api.config import PluginConfig
+from plugin.api.mps_clients import MountSpec
 from plugin.api.resources import (
     ENV_AGENT_SOCKET,
     ENV_DEVICE_IDS,
@@ -18,7 +19,6 @@ from plugin.api.resources import (
     ENV_UNITS,
 )
 from plugin.deviceplugin.container_spec import (
-    MountSpec,
     build_container_spec,
     compress_ids,
     expand_ids,

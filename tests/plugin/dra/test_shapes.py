@@ -60,7 +60,16 @@ _CONTAINER_EDITS = {
         "deviceNodes": {"type": "array", "items": _DEVICE_NODE},
         "mounts": {
             "type": "array",
-            "items": {"type": "object", "required": ["hostPath", "containerPath"]},
+            "items": {
+                "type": "object",
+                "required": ["hostPath", "containerPath"],
+                "properties": {
+                    "hostPath": {"type": "string"},
+                    "containerPath": {"type": "string"},
+                    "options": _STRINGS,
+                    "type": {"type": "string"},
+                },
+            },
         },
         "hooks": {"type": "array", "items": {"type": "object", "required": ["hookName", "path"]}},
         "intelRdt": {"type": "object"},
@@ -114,6 +123,13 @@ def test_the_schema_restatement_refuses_what_the_parser_refuses() -> None:
         {**good, "devices": []},
         {**good, "containerEdits": {"env": ["NO_VALUE"]}},
         {**good, "containerEdits": {"deviceNodes": [{"hostPath": "/dev/x"}]}},
+        {**good, "containerEdits": {"mounts": [{"hostPath": "/x"}]}},  # no containerPath
+        {
+            **good,
+            "containerEdits": {
+                "mounts": [{"hostPath": "/x", "containerPath": "/y", "options": "rw"}]
+            },
+        },
     ):
         assert not validator.is_valid(bad), bad
 
