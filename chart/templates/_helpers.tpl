@@ -518,10 +518,10 @@ for a node pool only (its DaemonSet reads metagpu.plugin.configFor, mps true). *
 {{- include "metagpu.plugin.configFor" (dict "root" . "mps" (and .Values.mps.enabled (empty .Values.mps.nodeSelector))) -}}
 {{- end -}}
 
-{{/* The config of one plugin variant: (dict "root" $ "mps" bool). With mps.supervise
-the plugin runs the MPS control daemon itself, with /dev/shm shared with its
-clients through mps.shmDirectory. */}}
-{{- define "metagpu.plugin.configFor" -}}
+{{/* The mps section of a plugin's config, as JSON: (dict "root" $ "mps" bool). One
+definition for the device plugin and the DRA plugin (the same MpsConfig), so both
+point clients at the same pipe directory and /dev/shm. */}}
+{{- define "metagpu.mps.config" -}}
 {{- $mpsOn := .mps -}}
 {{- with .root -}}
 {{- $mps := dict "enabled" $mpsOn "pipe_directory" .Values.mps.pipeDirectory "container_pipe_directory" .Values.mps.containerPipeDirectory -}}
@@ -529,6 +529,17 @@ clients through mps.shmDirectory. */}}
 {{- $_ := set $mps "supervise" true -}}
 {{- $_ := set $mps "shm_directory" .Values.mps.shmDirectory -}}
 {{- end -}}
+{{- toJson $mps -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The config of one plugin variant: (dict "root" $ "mps" bool). With mps.supervise
+the plugin runs the MPS control daemon itself, with /dev/shm shared with its
+clients through mps.shmDirectory. */}}
+{{- define "metagpu.plugin.configFor" -}}
+{{- $mpsOn := .mps -}}
+{{- with .root -}}
+{{- $mps := include "metagpu.mps.config" (dict "root" . "mps" $mpsOn) | fromJson -}}
 {{- $resources := list (dict "name" .Values.resourceName "gpus" .Values.plugin.resourceGpus) -}}
 {{- $resources = concat $resources .Values.plugin.extraResources -}}
 {{- $agent := dict
@@ -683,6 +694,13 @@ the affinity unchanged when DRA is off: (dict "root" $ "affinity" $a). */}}
 directories are mounted at their host paths: the plugin reports its socket's
 path to the kubelet, which dials it on the host. The memory request policy is the
 one the webhook sizes its claims by (dra.memoryStepMiB, dra.memoryMinMiB). */}}
+{{/* Whether the DRA plugin serves MPS ("true" or ""): mps.enabled for every GPU node.
+MPS for a node pool (mps.nodeSelector) is the device plugin's only: the DRA pool is
+one DaemonSet, so its nodes are all MPS or none. */}}
+{{- define "metagpu.dra.mps" -}}
+{{- if and .Values.mps.enabled (empty .Values.mps.nodeSelector) -}}true{{- end -}}
+{{- end -}}
+
 {{- define "metagpu.dra.config" -}}
 {{- $dra := .Values.dra -}}
 {{- $config := dict
@@ -694,6 +712,7 @@ one the webhook sizes its claims by (dra.memoryStepMiB, dra.memoryMinMiB). */}}
   "units_per_gpu" .Values.unitsPerGpu
   "memory" (dict "step_mib" $dra.memoryStepMiB "min_mib" $dra.memoryMinMiB "default_mib" $dra.memoryMinMiB)
   "health" (dict "enabled" .Values.plugin.healthChecks)
+  "mps" (include "metagpu.mps.config" (dict "root" . "mps" (eq (include "metagpu.dra.mps" .) "true")) | fromJson)
 -}}
 {{- if .Values.plugin.simulatedGpus.enabled -}}
 {{- $_ := set $config "gpus_file" (printf "%s/%s" (include "metagpu.configDir" .) (include "metagpu.plugin.simulatedGpusFileName" .)) -}}

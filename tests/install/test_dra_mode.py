@@ -394,3 +394,93 @@ def test_missing_fields_of_a_reapplied_dra_pod_never_cause_an_evaluation_error()
             evaluate(program, request, expression=expression)
         except MatchConditionError as exc:
             pytest.fail(f"removing {'.'.join(path)} makes the condition error: {exc}")
+
+
+# ------------------------------------------------------------------ MPS for DRA shares
+DRA_SUPERVISED_MPS: Final[Obj] = {
+    "dra": {"enabled": True, "nodeSelector": {"metagpu.io/dra": "true"}},
+    "mps": {"enabled": True, "supervise": True},
+}
+"""MPS on every GPU node, the DRA pool included: the DRA plugin runs the daemon itself."""
+
+
+def _dra_pod(objects: list[Obj]) -> tuple[Obj, Obj]:
+    pod = pod_spec(component(objects, "DaemonSet", "dra-plugin"))
+    return pod, container(pod, "dra-plugin")
+
+
+def test_the_supervised_dra_plugin_gets_what_the_device_plugin_gets_for_mps() -> None:
+    objects = render(DRA_SUPERVISED_MPS)
+    pod, main = _dra_pod(objects)
+    device_pod = pod_spec(component(objects, "DaemonSet", "plugin"))
+    device = container(device_pod, "device-plugin")
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"  # nvidia-cuda-mps-control
+    assert main["securityContext"] == device["securityContext"]  # privileged: the compute mode
+    assert main["securityContext"]["privileged"] is True
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    assert mounts["mps-pipes"] == "/var/run/metagpu-mps"
+    assert mounts["mps-shm"] == "/dev/shm"
+    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    device_volumes = {v["name"]: v["hostPath"] for v in device_pod["volumes"] if "hostPath" in v}
+    for name in ("mps-pipes", "mps-shm"):
+        assert volumes[name] == device_volumes[name], name
+    # the config is the device plugin's mps section, read by the same model
+    mps = load_rendered_config(
+        objects, "metagpu-dra-plugin-config", "dra-plugin.yaml", DraConfig
+    ).mps
+    device_mps = config_file(objects, "metagpu-plugin-config", "plugin.yaml")["mps"]
+    assert mps.model_dump(mode="json", exclude_unset=True) == device_mps
+    assert (mps.enabled, mps.supervise) == (True, True)
+    assert str(mps.pipe_directory) == volumes["mps-pipes"]["path"]
+    assert str(mps.shm_directory) == volumes["mps-shm"]["path"]
+
+
+def test_unsupervised_mps_gives_the_dra_plugin_the_pipe_directory_only() -> None:
+    objects = render({**DRA_SUPERVISED_MPS, "mps": {"enabled": True}})
+    pod, main = _dra_pod(objects)
+    mps = load_rendered_config(
+        objects, "metagpu-dra-plugin-config", "dra-plugin.yaml", DraConfig
+    ).mps
+    assert (mps.enabled, mps.supervise, mps.shm_directory) == (True, False, None)
+    assert [c["name"] for c in pod["containers"]] == ["dra-plugin"]
+    assert {m["name"] for m in main["volumeMounts"]} >= {"mps-pipes"}
+    assert "mps-shm" not in {m["name"] for m in main["volumeMounts"]}
+    assert main["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+
+
+def test_without_privilege_the_supervised_dra_plugin_drops_every_capability() -> None:
+    values = copy.deepcopy(DRA_SUPERVISED_MPS)
+    values["mps"]["privileged"] = False
+    _pod, main = _dra_pod(render(values))
+    assert "privileged" not in main["securityContext"]
+    assert main["securityContext"]["allowPrivilegeEscalation"] is False
+    assert main["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(DRA_NODES_ONLY, id="mps off"),
+        pytest.param(DRA_POOL, id="mps for a device-plugin node pool (mps.nodeSelector)"),
+    ],
+)
+def test_the_dra_plugin_serves_no_mps_unless_every_gpu_node_does(values: Obj) -> None:
+    objects = render(values)
+    _pod, main = _dra_pod(objects)
+    mps = load_rendered_config(
+        objects, "metagpu-dra-plugin-config", "dra-plugin.yaml", DraConfig
+    ).mps
+    assert not mps.enabled
+    assert not mps.supervise
+    assert not {m["name"] for m in main["volumeMounts"]} & {"mps-pipes", "mps-shm"}
+    assert main["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_supervised_dra_mps_objects_pass_kubernetes_1_36() -> None:
+    for obj in render(DRA_SUPERVISED_MPS):
+        if obj["apiVersion"].startswith(("cert-manager.io", "monitoring.coreos.com")):
+            continue
+        kubernetes_validate.validate(obj, "1.36", strict=True)

@@ -21,7 +21,7 @@ DOC = (REPO_ROOT / "docs" / "dra.md").read_text()
 SETTINGS = {
     var: path
     for var, path in env_var_names(DraConfig, ENV_PREFIX).items()
-    if path[0] != "health" and path not in (("units",), ("memory",))
+    if path[0] not in ("health", "mps") and path not in (("units",), ("memory",))
 }
 
 
@@ -32,6 +32,10 @@ def test_every_setting_is_in_the_table(var: str) -> None:
 
 def test_the_health_section_is_the_device_plugins() -> None:
     assert "| `health.*` | `METAGPU_DRA_HEALTH__*` | as `device-plugin` |" in DOC
+
+
+def test_the_mps_section_is_the_device_plugins() -> None:
+    assert "| `mps.*` | `METAGPU_DRA_MPS__*` | as `device-plugin` |" in DOC
 
 
 def block(language: str) -> str:
