@@ -13,7 +13,7 @@ plugin reads it:
   capacity (``../shared/fixtures/dra/README.md``): the first device of the slice that
   has room, charged by its request policy (a capacity not asked for costs its default,
   a request rounds up to the step), one ``shareID`` per allocation; where nothing has
-  room it answers with :func:`plugin.dra.waiting.waiting_words`, what metagpu says
+  room it answers with :func:`plugin.api.dra_waiting.waiting_words`, what metagpu says
   where the scheduler says only ``cannot allocate all claims``.
 """
 
@@ -27,10 +27,10 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
 from metagpu.dev_prompt import PromptError, Quit, ShowHelp
+from plugin.api.dra_waiting import free_per_device, share_request, waiting_words
+from plugin.api.quantity import MIB, QuantityError, format_mib, parse_quantity
 from plugin.dra.claims import ClaimNotFoundError, ClaimRef
-from plugin.dra.quantity import MIB, QuantityError, format_mib, parse_quantity
 from plugin.dra.slices import MEMORY, UNITS
-from plugin.dra.waiting import free_per_device, share_request, waiting_words
 
 NAMESPACE: Final = "dev"
 """The namespace of every dev claim (a real claim lives in its pod's)."""

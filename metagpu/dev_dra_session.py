@@ -57,12 +57,12 @@ from metagpu.dev_session import (
     shown,
 )
 from metagpu.dra_kubelet_sim import DraKubelet, DraKubeletSimError, HealthStream
+from plugin.api.dra_waiting import free_per_device
+from plugin.api.quantity import MIB, format_mib
 from plugin.api.settings import ConfigError, load_config
 from plugin.dra.cdi import spec_file_prefix
 from plugin.dra.config import ENV_PREFIX, DraConfig
-from plugin.dra.quantity import MIB, format_mib
 from plugin.dra.runtime import DraPlugin
-from plugin.dra.waiting import free_per_device
 from plugin.gpu.simulated import load_gpus_file
 from plugin.kube.errors import ApiOpener
 from webhook.config import DraConfig as WebhookDraConfig

@@ -12,7 +12,7 @@ from typing import Final
 
 # Pure (decimal and re only): the same exact conversion the webhook applies to
 # `nvidia.com/gpu: 0.5`, so the prompt accepts exactly what a pod spec would.
-from webhook.quantity import QuantityError, fraction_suggestion, parse_quantity, to_units
+from plugin.api.quantity import QuantityError, fraction_suggestion, parse_quantity, to_units
 
 PROMPT_HELP: Final = """\
 commands (type them here; Ctrl-C or `quit` stops everything):

@@ -8,7 +8,9 @@ mark the namespaces that changed, and let one worker plan each with the pure
 time. Every list marks every namespace, so a controller that starts, takes
 over or re-lists converges on what changed while nobody watched.
 
-Only what the planner needs is kept: per pod, the shapes its claims name.
+Only what the planner needs is kept: per pod, the shapes its claims name. Its Pod
+watch also feeds any ``pod_observers`` (the waiting-pod explainer,
+:mod:`webhook.dra_waiting`), so the leader holds one cluster-wide Pod watch, not two.
 Writes are create and delete-with-uid-precondition; a 409 or 404 means the
 view was stale and the watch event that follows re-plans the namespace.
 Anything else is logged and the namespace retried with backoff.
@@ -20,13 +22,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final, Protocol, cast
 
 from kubernetes_asyncio import client as k8s_client
 
 from plugin.kube.listwatch import WATCH_TIMEOUT_S, ListWatch
 from webhook.claimtemplates import GC_AFTER_S, Action, Create, Delete, plan_namespace, pod_shapes
 from webhook.dra import MANAGED_BY, MANAGED_BY_LABEL, Shape
+from webhook.dra_waiting import ExplainSettings, WaitingExplainer, WaitingPods
 from webhook.model import DraSettings
 from webhook.namespace_queue import NamespaceQueue, apply_change, index_by_namespace
 from webhook.quotas.calls import Answer, call_api, raw_options
@@ -40,6 +43,14 @@ STALE: Final = frozenset({404, 409})
 """Answers that mean "the view was stale"; the next watch event re-plans."""
 
 OURS_SELECTOR: Final = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+
+
+class PodObserver(Protocol):
+    """Something else the leader keeps from the same Pod list+watch."""
+
+    def listed(self, items: Sequence[Obj]) -> None: ...
+
+    def changed(self, kind: str, obj: Obj) -> None: ...
 
 
 def _key(obj: Obj) -> tuple[str, str]:
@@ -58,8 +69,10 @@ class ClaimTemplateController:
         gc_after_s: float = GC_AFTER_S,
         watch_timeout_s: int = WATCH_TIMEOUT_S,
         clock: Callable[[], float] | None = None,
+        pod_observers: Sequence[PodObserver] = (),
     ) -> None:
         self._v1 = k8s_client.CoreV1Api(api)
+        self._observers = tuple(pod_observers)
         self._resource = k8s_client.ResourceV1Api(api)
         self._dra = dra
         self._gc_after_s = gc_after_s
@@ -113,6 +126,8 @@ class ClaimTemplateController:
 
     # ----------------------------------------------------------- the view
     def _pods_listed(self, items: Sequence[Obj]) -> None:
+        for observer in self._observers:
+            observer.listed(items)
         previous = set(self._pods)
         pods: dict[str, dict[str, frozenset[Shape]]] = {}
         for item in items:
@@ -124,6 +139,8 @@ class ClaimTemplateController:
         self._queue.mark(previous | set(pods))
 
     def _pod_changed(self, kind: str, obj: Obj) -> None:
+        for observer in self._observers:
+            observer.changed(kind, obj)
         namespace, name = _key(obj)
         if not (namespace and name):
             return
@@ -235,10 +252,17 @@ async def run_claim_templates(
     gc_after_s: float = GC_AFTER_S,
     watch_timeout_s: int = WATCH_TIMEOUT_S,
     on_change: Any = None,
+    explain: ExplainSettings | None = None,
 ) -> None:
-    """The controller under leader election, until cancelled (then the Lease is released)."""
+    """The controller under leader election, until cancelled (then the Lease is
+    released); with ``explain``, the waiting-pod Events under the same leadership."""
+    pods = WaitingPods()
     controller = ClaimTemplateController(
-        api, dra=dra, gc_after_s=gc_after_s, watch_timeout_s=watch_timeout_s
+        api,
+        dra=dra,
+        gc_after_s=gc_after_s,
+        watch_timeout_s=watch_timeout_s,
+        pod_observers=(pods,) if explain else (),
     )
     elector = LeaderElector(
         api,
@@ -248,4 +272,22 @@ async def run_claim_templates(
         timing=timing,
         on_change=on_change,
     )
-    await elector.run(controller.run)
+    if explain is None:
+        await elector.run(controller.run)
+        return
+    explainer = WaitingExplainer(
+        api,
+        pods,
+        driver=explain.driver,
+        device_class=dra.device_class_name,
+        reporting_instance=identity,
+        refresh_s=explain.refresh_s,
+    )
+
+    async def lead() -> None:
+        # Both stop together: the elector cancels this when the Lease is lost.
+        async with asyncio.TaskGroup() as group:
+            group.create_task(controller.run(), name="metagpu-claim-templates")
+            group.create_task(explainer.run(), name="metagpu-why-pending")
+
+    await elector.run(lead)

@@ -4,7 +4,9 @@ Like :func:`webhook.quotas.service.quota_mirror`: an async context manager the
 server's ``cleanup_ctx`` owns, running the leader-elected controller in the
 background when :func:`controller_wanted` says so, and stopping it (releasing
 its Lease) on exit. The Lease shares ``quota_mirror``'s namespace, identity
-and timings; only its name (``dra.lease_name``) is its own.
+and timings; only its name (``dra.lease_name``) is its own. The same leader writes
+the Events saying why a DRA pod waits (``dra.explain_waiting``,
+:mod:`webhook.dra_waiting`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 from webhook.claimtemplate_controller import run_claim_templates
 from webhook.config import WebhookConfig
+from webhook.dra_waiting import ExplainSettings
 from webhook.model import DraSettings
 from webhook.namespaces import KubernetesUnavailableError, cluster_wanted, new_api_client
 from webhook.quotas.leader import default_identity
@@ -32,6 +35,13 @@ def controller_wanted(config: WebhookConfig, env: Mapping[str, str]) -> bool:
     if enabled == "auto":
         return bool(env.get(IN_CLUSTER_ENV)) and config.kubernetes.enabled is not False
     return enabled
+
+
+def explain_settings(config: WebhookConfig) -> ExplainSettings | None:
+    """The waiting-pod Events' settings, or None with ``dra.explain_waiting`` off."""
+    if not config.dra.explain_waiting:
+        return None
+    return ExplainSettings(driver=config.dra.driver_name, refresh_s=config.dra.explain_refresh_s)
 
 
 @contextlib.asynccontextmanager
@@ -69,6 +79,7 @@ async def claim_templates(
             identity=identity,
             timing=lease_timing(config),
             on_change=on_change,
+            explain=explain_settings(config),
         ),
         name="metagpu-claim-templates-election",
     )

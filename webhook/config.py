@@ -19,12 +19,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Final, Literal, Self
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from plugin.api.resources import (
     CNVRG_GPU_RESOURCE,
     DEFAULT_RESOURCE_NAME,
     DEFAULT_UNITS_PER_GPU,
+    DRA_DRIVER,
     MAX_UNITS_PER_GPU,
     NVIDIA_GPU_RESOURCE,
     ResourceName,
@@ -262,6 +263,17 @@ class DraConfig(StrictModel):
     lease_name: str = "metagpu-claim-templates"
     """The Lease the replicas elect the controller's one writer with; its namespace,
     identity and timings are ``quota_mirror``'s."""
+    explain_waiting: bool = True
+    """While the controller leads, write an Event on each Pending pod whose GPU share no
+    node's GPUs can take, saying what each GPU has free (kube-scheduler says only
+    ``cannot allocate all claims``; webhook/dra_waiting.py). Needs list on
+    ResourceSlices and ResourceClaims and create on Events."""
+    explain_refresh_s: float = Field(default=60.0, ge=5, le=3600)
+    """How often the Events are brought up to date while pods wait (a new waiting pod
+    or scheduler verdict is explained at once; what the GPUs have free changes
+    without a pod event)."""
+    driver_name: str = DRA_DRIVER
+    """The DRA plugin's driver (the ResourceSlices' ``spec.driver``)."""
 
     @field_validator("lease_name")
     @classmethod
@@ -270,11 +282,11 @@ class DraConfig(StrictModel):
             raise ValueError(f"dra.lease_name must be a DNS subdomain name: {value!r}")
         return value
 
-    @field_validator("device_class_name")
+    @field_validator("device_class_name", "driver_name")
     @classmethod
-    def _valid_class(cls, value: str) -> str:
+    def _valid_class(cls, value: str, info: ValidationInfo) -> str:
         if not is_dns_subdomain(value):
-            raise ValueError(f"dra.device_class_name must be a DNS subdomain name: {value!r}")
+            raise ValueError(f"dra.{info.field_name} must be a DNS subdomain name: {value!r}")
         return value
 
     @field_validator("memory_resource_name")

@@ -6,7 +6,7 @@ leaves as ``cnvrg.io/metagpu: "50"`` in limits *and* requests: extended
 resources must be whole numbers with equal limit and request, or the API
 server refuses the pod right after the webhook.
 
-Conversion is exact (:mod:`webhook.quantity`): a share that is not a whole
+Conversion is exact (:mod:`plugin.api.quantity`): a share that is not a whole
 number of units, zero, negative, above the maximum or unreadable is denied
 with a message naming the container, the value and what would be accepted.
 
@@ -28,6 +28,15 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+from plugin.api.quantity import (
+    Quantity,
+    QuantityError,
+    format_decimal,
+    fraction_suggestion,
+    nearest_units,
+    read_quantity,
+    units_as_fraction,
+)
 from plugin.api.resources import ANNOTATION_ORIGINAL_REQUEST, NVIDIA_GPU_RESOURCE
 from webhook.model import (
     Container,
@@ -38,15 +47,6 @@ from webhook.model import (
     add_op,
     as_map,
     escape_pointer,
-)
-from webhook.quantity import (
-    Quantity,
-    QuantityError,
-    format_decimal,
-    fraction_suggestion,
-    nearest_units,
-    read_quantity,
-    units_as_fraction,
 )
 
 

@@ -13,7 +13,9 @@
 * In DRA mode, the claim-template controller lists and watches Pods and
   creates and deletes ResourceClaimTemplates in any namespace, under its own
   Lease (:func:`claim_template_permissions`, in :func:`permissions_for` when
-  given its Lease: the chart grants them with ``webhook.mode: dra``).
+  given its Lease: the chart grants them with ``webhook.mode: dra``), and, with
+  ``dra.explain_waiting``, the same leader lists ResourceSlices and
+  ResourceClaims and creates Events (:data:`WAITING_POD_PERMISSIONS`).
 
 ``tests/webhook/test_namespaces.py`` and ``tests/webhook/quotas/`` assert that
 the verbs each part sends to the fake API are exactly these, and the install
@@ -81,15 +83,49 @@ def quota_mirror_permissions(lease_name: str) -> tuple[Permission, ...]:
 
 
 def permissions_for(
-    *, quota_mirror: bool, lease_name: str, claim_template_lease: str | None = None
+    *,
+    quota_mirror: bool,
+    lease_name: str,
+    claim_template_lease: str | None = None,
+    explain_waiting: bool = False,
 ) -> tuple[Permission, ...]:
     """Everything the webhook process needs with the mirror on or off, and, in DRA mode
-    (``claim_template_lease`` names the controller's Lease), the claim-template controller."""
+    (``claim_template_lease`` names the controller's Lease), the claim-template controller
+    and, with ``explain_waiting``, its Events on waiting pods."""
+    dra = claim_template_permissions(claim_template_lease) if claim_template_lease else ()
     return (
         PERMISSIONS
         + (quota_mirror_permissions(lease_name) if quota_mirror else ())
-        + (claim_template_permissions(claim_template_lease) if claim_template_lease else ())
+        + dra
+        + (WAITING_POD_PERMISSIONS if dra and explain_waiting else ())
     )
+
+
+WAITING_POD_PERMISSIONS: Final[tuple[Permission, ...]] = (
+    Permission(
+        group="resource.k8s.io",
+        resource="resourceslices",
+        verbs=frozenset({"list"}),
+        namespaced=False,
+        why="see what each GPU offers, to say why a DRA pod waits (webhook/dra_waiting.py)",
+    ),
+    Permission(
+        group="resource.k8s.io",
+        resource="resourceclaims",
+        verbs=frozenset({"list"}),
+        namespaced=False,
+        why="see what the allocated claims consume and what the waiting ones ask for",
+    ),
+    Permission(
+        group="events.k8s.io",
+        resource="events",
+        verbs=frozenset({"create"}),
+        namespaced=False,
+        why="write the Event on a waiting pod saying what each GPU has free",
+    ),
+)
+"""The waiting-pod Events (``dra.explain_waiting``); the Pods come from the
+claim-template controller's watch (:func:`claim_template_permissions`)."""
 
 
 def claim_template_permissions(lease_name: str) -> tuple[Permission, ...]:

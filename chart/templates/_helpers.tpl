@@ -385,7 +385,9 @@ come from flags (see the Deployment), so the file holds only policy. */}}
   "memory_step_mib" .Values.dra.memoryStepMiB
   "memory_min_mib" .Values.dra.memoryMinMiB
   "controller" true
-  "lease_name" (include "metagpu.dra.leaseName" .)) -}}
+  "lease_name" (include "metagpu.dra.leaseName" .)
+  "explain_waiting" .Values.dra.explainWaiting
+  "driver_name" (include "metagpu.dra.driver" .)) -}}
 {{- end -}}
 {{- include "metagpu.mergeExtraConfig" (dict "base" $config "extra" .Values.webhook.extraConfig "where" "webhook.extraConfig") -}}
 {{- toYaml $config -}}

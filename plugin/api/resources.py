@@ -219,3 +219,16 @@ def parse_replica_id(value: str) -> tuple[DeviceId, int]:
     if not sep or not device or not _UNIT.fullmatch(unit):
         raise ReplicaIdError(f"meta-device ID must be <gpu>{REPLICA_SEPARATOR}<n>: {value!r}")
     return DeviceId(device), int(unit)
+
+
+# ----------------------------------------------------------------------- DRA
+DRA_DRIVER: Final = "gpu.metagpu.io"
+"""The DRA driver's name (the fixtures were captured with it): the ResourceSlices'
+``spec.driver``, the allocation results' ``driver``, the CDI vendor, and the default
+DeviceClass name, which selects on it."""
+
+DRA_UNITS: Final = "units"
+"""The consumable capacity a share asks its GPU for in units (100 per GPU)."""
+
+DRA_MEMORY: Final = "memory"
+"""The consumable capacity a share asks its GPU for in bytes of memory."""

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from plugin.dra.quantity import QuantityError, bytes_to_mib, parse_quantity
+from plugin.api.quantity import QuantityError, bytes_to_mib, parse_quantity
 from plugin.dra.slices import MEMORY, UNITS
 
 

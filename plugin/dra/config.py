@@ -17,12 +17,13 @@ from pydantic import Field, field_validator, model_validator
 
 from plugin.api.config import HealthConfig, MpsConfig
 from plugin.api.limits import Policy
+from plugin.api.resources import DRA_DRIVER
 from plugin.api.settings import StrictModel
 
 ENV_PREFIX: Final = "METAGPU_DRA_"
 CONFIG_FILE_ENV: Final = "METAGPU_DRA_CONFIG"
 
-DEFAULT_DRIVER: Final = "gpu.metagpu.io"
+DEFAULT_DRIVER: Final = DRA_DRIVER
 """The driver name the fixtures were captured with; DeviceClasses select on it."""
 
 _CDI_ID = re.compile(

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from plugin.api.gpus import GpuInfo
+from plugin.api.quantity import format_mib
+from plugin.api.resources import DRA_MEMORY, DRA_UNITS
 from plugin.dra.config import DraConfig
-from plugin.dra.quantity import format_mib
 from plugin.gpu.health import UNHEALTHY, GpuHealth
 
 API_VERSION: Final = "resource.k8s.io/v1"
@@ -35,8 +36,8 @@ KIND: Final = "ResourceSlice"
 MAX_DEVICES_PER_SLICE: Final = 128
 """The API server's limit (``spec.devices: Too many: 200: must have at most 128 items``);
 64 when any device has taints, counters or list attributes, none of which we use."""
-UNITS: Final = "units"
-MEMORY: Final = "memory"
+UNITS: Final = DRA_UNITS
+MEMORY: Final = DRA_MEMORY
 
 
 class SliceError(ValueError):

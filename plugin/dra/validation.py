@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, Final
 
-from plugin.dra.quantity import QuantityError, parse_quantity
+from plugin.api.quantity import QuantityError, parse_quantity
 
 MAX_DEVICES: Final = 128
 MAX_DEVICES_RESTRICTED: Final = 64

@@ -172,6 +172,7 @@ def _webhook_permissions(objects: list[Obj]) -> tuple[Permission, ...]:
         quota_mirror=config.quota_mirror.enabled is not False,
         lease_name=config.quota_mirror.lease_name,
         claim_template_lease=config.dra.lease_name if config.mode == "dra" else None,
+        explain_waiting=config.dra.explain_waiting,
     )
 
 
@@ -187,6 +188,10 @@ def _webhook_permissions(objects: list[Obj]) -> tuple[Permission, ...]:
             id="dra-mode-quota-mirror-off-renamed",
         ),
         pytest.param(DRA_NODES_ONLY, id="dra-pool-units-webhook"),
+        pytest.param(
+            {**DRA_POOL, "dra": {**DRA_POOL["dra"], "explainWaiting": False}},
+            id="dra-mode-no-waiting-events",
+        ),
     ],
 )
 def test_webhook_rbac_is_exactly_its_permissions(values: Obj) -> None:

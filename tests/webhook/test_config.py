@@ -68,6 +68,9 @@ def test_defaults_are_the_documented_contract() -> None:
             "template_prefix": "metagpu",
             "controller": "auto",
             "lease_name": "metagpu-claim-templates",
+            "explain_waiting": True,
+            "explain_refresh_s": 60.0,
+            "driver_name": "gpu.metagpu.io",
         },
         "kubernetes": {
             "enabled": "auto",

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from webhook.quantity import (
+from plugin.api.quantity import (
     QuantityError,
     format_decimal,
     fraction_suggestion,

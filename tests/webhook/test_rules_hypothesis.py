@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
+from plugin.api.quantity import QuantityError, parse_quantity
 from tests.webhook.strategies import SETTINGS, namespace_facts, pod, rule_settings
 from webhook.model import Denial, Mutation, NamespaceFacts, RuleSettings
-from webhook.quantity import QuantityError, parse_quantity
 from webhook.rules import mutate_pod, mutate_workload
 
 HALF_GPU_POD: dict[str, Any] = {

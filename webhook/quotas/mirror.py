@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
+from plugin.api.quantity import QuantityError, parse_quantity
 from plugin.api.resources import NVIDIA_GPU_RESOURCE
-from webhook.quantity import QuantityError, parse_quantity
 
 Obj = Mapping[str, Any]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from plugin.dra.quantity import format_mib
+from plugin.api.quantity import format_mib
 from plugin.gpu.nvml import open_nvml
 
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")

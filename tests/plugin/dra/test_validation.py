@@ -73,5 +73,6 @@ def test_an_unparsable_quantity_is_named() -> None:
     device = body["spec"]["devices"][1]
     device["capacity"]["units"]["requestPolicy"]["default"] = "lots"
     assert slice_errors(body)[-1] == (
-        "spec.devices[1].capacity[units].requestPolicy: not a quantity: 'lots'"
+        "spec.devices[1].capacity[units].requestPolicy: 'lots' is not a quantity; "
+        "write a number such as 0.5, 500m, 1.5 or 2"
     )

@@ -1,4 +1,4 @@
-"""Why a DRA claim waits, said from the captured slice and claims (plugin.dra.waiting).
+"""Why a DRA claim waits, said from the captured slice and claims (plugin.api.dra_waiting).
 
 The captured case: two 60-unit shares on the two A100s of ``localhost``, and a 70-unit
 claim the scheduler refused with the generic ``cannot allocate all claims``
@@ -15,14 +15,15 @@ from typing import Any
 
 import pytest
 
-from plugin.dra.quantity import MIB
-from plugin.dra.waiting import (
+from plugin.api.dra_waiting import (
     ShareRequest,
+    WaitingBoard,
     free_per_device,
     pod_waiting_words,
     share_request,
     waiting_words,
 )
+from plugin.api.quantity import MIB
 from tests.plugin.dra.fixtures import DRIVER, NODE, load
 
 GI = 1024 * MIB
@@ -245,3 +246,39 @@ def test_claims_not_ours_or_allocated_are_not_explained() -> None:
     assert explain(pending, slices=[], allocated=[]) == (
         "no node publishes a ResourceSlice of driver gpu.metagpu.io"
     )
+
+
+def test_a_claim_the_pod_names_itself_is_explained_too() -> None:
+    """A pod may name a ResourceClaim directly (``resourceClaimName``): no status entry."""
+    pending = copy.deepcopy(load("event-70-units-unschedulable.json"))
+    pending["pod"]["spec"]["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimName": pending["claim"]["metadata"]["name"]}
+    ]
+    pending["pod"]["status"].pop("resourceClaimStatuses")
+    words = explain(pending, slices=[node_slice()], allocated=[load(n) for n in SIXTIES])
+    assert words is not None
+    assert words.startswith("claim p70-gpu-nd7kc: localhost: no single")
+
+
+def test_one_board_for_many_pods_says_what_one_board_per_pod_says() -> None:
+    """The pass's shared board (one walk, words memoised per request) against a board
+    built afresh for each pod, over pods of several sizes on two nodes."""
+    sixties = [load(n) for n in SIXTIES]
+    slices = [node_slice(), on_node(node_slice(), "node-b")]
+    allocated = [*sixties, on_node(sixties[0], "node-b")]
+    board = WaitingBoard.of(slices, allocated, driver=DRIVER, device_class=DRIVER)
+    for units in (10, 40, 41, 70, 100, 150, 40, 70):
+        pending = copy.deepcopy(load("event-70-units-unschedulable.json"))
+        asked = pending["claim"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]
+        asked["requests"]["units"] = str(units)
+        claims = {pending["claim"]["metadata"]["name"]: pending["claim"]}
+        alone = pod_waiting_words(
+            pending["pod"],
+            claims=claims,
+            slices=slices,
+            allocated=allocated,
+            driver=DRIVER,
+            device_class=DRIVER,
+        )
+        assert board.pod_words(pending["pod"], claims) == alone
+        assert (alone is None) == (units <= 100)  # node-b has a whole GPU free

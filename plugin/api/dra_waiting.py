@@ -12,8 +12,11 @@ not request is charged the policy default, a request rounds up to the step) and 
 in the words of :mod:`plugin.placement.refusals`, why no GPU takes it:
 ``no single GPU has 70 free units (largest 40; 80 free in total)``.
 
-Kept apart from any transport so that an Event writer (a controller watching Pending
-claim pods) and ``metagpu dev --dra`` say the same sentence.
+Kept apart from any transport, in ``plugin.api``, so that the webhook's Event writer
+(:mod:`webhook.dra_waiting`, a leader-elected loop beside the claim-template
+controller) and ``metagpu dev --dra`` say the same sentence. A pass over a busy cluster
+costs one walk over the slices and the allocated claims (:class:`WaitingBoard`), then
+one judgement per node for each distinct request, however many pods wait with it.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from typing import Any, Final
 
-from plugin.dra.quantity import MIB, QuantityError, format_mib, parse_quantity
-from plugin.dra.slices import MEMORY, UNITS
+from plugin.api.quantity import MIB, QuantityError, format_mib, parse_quantity
+from plugin.api.resources import DRA_MEMORY as MEMORY
+from plugin.api.resources import DRA_UNITS as UNITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,30 +78,37 @@ class ShareRequest:
     """Bytes."""
 
 
-def free_per_device(
+def free_by_node(
     slices: Iterable[Mapping[str, Any]],
     claims: Iterable[Mapping[str, Any]],
     *,
     driver: str,
-    node_name: str,
-) -> tuple[DeviceFree, ...]:
-    """Each GPU device of ``driver`` in ``node_name``'s slices, less what the allocated
-    ``claims`` consumed on it. A result without ``consumedCapacity`` took the device
-    whole (nothing left); results of other drivers or pools are not ours to count.
-    Devices come in slice order, so the words list the GPUs as the slice does."""
+) -> dict[str, tuple[DeviceFree, ...]]:
+    """Each node's GPU devices of ``driver``, less what the allocated ``claims``
+    consumed on them, in one walk over both. A result without ``consumedCapacity``
+    took the device whole (nothing left); results of other drivers or pools are not
+    ours to count. Devices come in slice order, so the words list the GPUs as the
+    slice does."""
     devices: dict[tuple[str, str], DeviceFree] = {}
+    node_of: dict[tuple[str, str], str] = {}
     for piece in slices:
         spec = piece.get("spec") or {}
-        if spec.get("driver") != driver or spec.get("nodeName") != node_name:
+        node = spec.get("nodeName")
+        if spec.get("driver") != driver or not node:
             continue
         pool = str((spec.get("pool") or {}).get("name") or "")
         for device in spec.get("devices") or []:
             capacity = device.get("capacity") or {}
             if UNITS not in capacity or MEMORY not in capacity:
                 continue
-            units, memory = _capacity(capacity[UNITS]), _capacity(capacity[MEMORY])
-            devices[(pool, str(device["name"]))] = DeviceFree(
-                device=str(device["name"]),
+            try:
+                units, memory = _capacity(capacity[UNITS]), _capacity(capacity[MEMORY])
+            except QuantityError:
+                continue  # the API server validated it; a stranger's slice is not ours
+            key = (pool, str(device.get("name")))
+            node_of[key] = str(node)
+            devices[key] = DeviceFree(
+                device=str(device.get("name")),
                 units=units,
                 memory=memory,
                 units_free=units.total,
@@ -125,7 +136,22 @@ def free_per_device(
                 units_free=max(found.units_free - units_used, Decimal(0)),
                 memory_free=max(found.memory_free - memory_used, Decimal(0)),
             )
-    return tuple(devices.values())
+    by_node: dict[str, list[DeviceFree]] = {}
+    for key, free in devices.items():
+        by_node.setdefault(node_of[key], []).append(free)
+    return {node: tuple(free) for node, free in by_node.items()}
+
+
+def free_per_device(
+    slices: Iterable[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]],
+    *,
+    driver: str,
+    node_name: str,
+) -> tuple[DeviceFree, ...]:
+    """:func:`free_by_node` for one node."""
+    mine = [s for s in slices if (s.get("spec") or {}).get("nodeName") == node_name]
+    return free_by_node(mine, claims, driver=driver).get(node_name, ())
 
 
 def share_request(claim: Mapping[str, Any]) -> ShareRequest:
@@ -234,6 +260,103 @@ MAX_NODE_GROUPS: Final = 5
 after five differing nodes the rest add little (their count is still given)."""
 
 
+class WaitingBoard:
+    """One pass's view: what every node's GPUs have free, and the words for each
+    distinct request, worked out once however many pods wait with it."""
+
+    MAX_REQUESTS: Final = 1024
+    """Distinct requests remembered in one pass; past it the memo starts over (a
+    namespace full of odd sizes costs time, never memory)."""
+
+    def __init__(
+        self, free: Mapping[str, Sequence[DeviceFree]], *, driver: str, device_class: str
+    ) -> None:
+        self._free = free
+        self._nodes = sorted(free)
+        self._driver = driver
+        self._device_class = device_class
+        self._memo: dict[ShareRequest, dict[str, str | None]] = {}
+
+    @classmethod
+    def of(
+        cls,
+        slices: Iterable[Mapping[str, Any]],
+        allocated: Iterable[Mapping[str, Any]],
+        *,
+        driver: str,
+        device_class: str,
+    ) -> WaitingBoard:
+        return cls(
+            free_by_node(slices, allocated, driver=driver),
+            driver=driver,
+            device_class=device_class,
+        )
+
+    def per_node(self, request: ShareRequest) -> dict[str, str | None]:
+        """Each node's refusal of ``request`` (None: a GPU there takes it)."""
+        found = self._memo.get(request)
+        if found is None:
+            if len(self._memo) >= self.MAX_REQUESTS:
+                self._memo.clear()
+            found = {node: waiting_words(self._free[node], request) for node in self._nodes}
+            self._memo[request] = found
+        return found
+
+    def waiting_claims(
+        self, pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]]
+    ) -> list[Mapping[str, Any]]:
+        """The pod's unallocated claims that ask our DeviceClass for a device: those
+        made from its templates (named in ``status.resourceClaimStatuses``) and those
+        it names itself (``spec.resourceClaims[].resourceClaimName``)."""
+        names = [
+            str(entry.get("resourceClaimName") or "")
+            for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        ] + [
+            str(entry.get("resourceClaimName") or "")
+            for entry in (pod.get("spec") or {}).get("resourceClaims") or []
+        ]
+        waiting = []
+        for name in dict.fromkeys(n for n in names if n):
+            claim = claims.get(name)
+            if claim is None or (claim.get("status") or {}).get("allocation"):
+                continue
+            asked = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+            if any(
+                (r.get("exactly") or {}).get("deviceClassName") == self._device_class for r in asked
+            ):
+                waiting.append(claim)
+        return waiting
+
+    def pod_words(
+        self, pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]]
+    ) -> str | None:
+        """See :func:`pod_waiting_words`."""
+        waiting = self.waiting_claims(pod, claims)
+        if not waiting:
+            return None
+        if not self._nodes:
+            return f"no node publishes a ResourceSlice of driver {self._driver}"
+        refusals = [self.per_node(share_request(claim)) for claim in waiting]
+        if any(all(r[node] is None for r in refusals) for node in self._nodes):
+            return None
+        sentences = []
+        for claim, per_node in zip(waiting, refusals, strict=True):
+            by_words: dict[str, list[str]] = {}
+            for node in self._nodes:
+                words = per_node[node]
+                if words is not None:
+                    by_words.setdefault(words, []).append(node)
+            if not by_words:
+                continue  # fits every node alone; another claim of the pod does not
+            groups = sorted(by_words.items(), key=lambda item: item[1])
+            shown = [f"{', '.join(ns)}: {words}" for words, ns in groups[:MAX_NODE_GROUPS]]
+            more = sum(len(ns) for _, ns in groups[MAX_NODE_GROUPS:])
+            tail = f"; and {more} more node{'s' if more != 1 else ''}" if more else ""
+            name = (claim.get("metadata") or {}).get("name")
+            sentences.append(f"claim {name}: " + "; ".join(shown) + tail)
+        return " / ".join(sentences)
+
+
 def pod_waiting_words(
     pod: Mapping[str, Any],
     *,
@@ -252,40 +375,6 @@ def pod_waiting_words(
     ``driver``; ``allocated`` every allocated claim. Nodes with the same sentence share it
     (``node-a, node-b: no single GPU has …``), as the extender words many nodes at once.
     Each claim is judged alone: two claims that each fit a GPU but not together are
-    not explained here."""
-    waiting = []
-    for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
-        claim = claims.get(str(entry.get("resourceClaimName") or ""))
-        if claim is None or (claim.get("status") or {}).get("allocation"):
-            continue
-        asked = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
-        if any((r.get("exactly") or {}).get("deviceClassName") == device_class for r in asked):
-            waiting.append(claim)
-    if not waiting:
-        return None
-    nodes = sorted({str((s.get("spec") or {}).get("nodeName") or "") for s in slices} - {""})
-    if not nodes:
-        return f"no node publishes a ResourceSlice of driver {driver}"
-    requests = [share_request(claim) for claim in waiting]
-    per_node: dict[str, list[str | None]] = {}
-    for node in nodes:
-        free = free_per_device(slices, allocated, driver=driver, node_name=node)
-        per_node[node] = [waiting_words(free, request) for request in requests]
-    if any(all(words is None for words in refusals) for refusals in per_node.values()):
-        return None
-    sentences = []
-    for index, claim in enumerate(waiting):
-        by_words: dict[str, list[str]] = {}
-        for node in nodes:
-            words = per_node[node][index]
-            if words is not None:
-                by_words.setdefault(words, []).append(node)
-        if not by_words:
-            continue  # fits every node alone; another claim of the pod does not
-        groups = sorted(by_words.items(), key=lambda item: item[1])
-        shown = [f"{', '.join(ns)}: {words}" for words, ns in groups[:MAX_NODE_GROUPS]]
-        more = sum(len(ns) for _, ns in groups[MAX_NODE_GROUPS:])
-        tail = f"; and {more} more node{'s' if more != 1 else ''}" if more else ""
-        name = (claim.get("metadata") or {}).get("name")
-        sentences.append(f"claim {name}: " + "; ".join(shown) + tail)
-    return " / ".join(sentences)
+    not explained here. Many pods at once: one :class:`WaitingBoard` for all of them."""
+    board = WaitingBoard.of(slices, allocated, driver=driver, device_class=device_class)
+    return board.pod_words(pod, claims)

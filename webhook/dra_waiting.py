@@ -1,0 +1,287 @@
+"""Events that say why a DRA pod waits, kept up while this replica leads (adapter).
+
+kube-scheduler's own Event for a pod whose GPU share fits nowhere says only ``0/3 nodes
+are available: 3 cannot allocate all claims`` (captured:
+``../shared/fixtures/dra/event-70-units-unschedulable.json``). This writes one beside
+it, in ``kubectl describe pod``, with what each GPU has free, in the words of
+:mod:`plugin.api.dra_waiting` (``claim p70-gpu-nd7kc: node-a: no single GPU has 70
+free units (largest 40; 80 free in total) (free: gpu-0 40 units, 79Gi; …)``).
+
+How it runs, and why so:
+
+* **Cluster-wide, under the claim-template controller's Lease** (one writer: the
+  scheduler tries every node, so one explainer per node would write one Event per
+  node). It lives in the webhook process because DRA mode's controller already does,
+  with the Pod watch it needs.
+* **Fed by that controller's Pod watch** (:class:`WaitingPods` is one of its pod
+  observers), not a second cluster-wide watch: it keeps only Pending pods the
+  scheduler marked ``Unschedulable`` that name resource claims, trimmed to the few
+  fields the words need, so memory grows with the waiting DRA pods, not the cluster.
+* **A pass when something changed, or every** ``refresh_s`` **while pods wait**: a new
+  waiting pod or a new scheduler verdict on one (its condition's message or time)
+  wakes it at once; what each GPU has free changes without any pod event (another
+  pod ends), which the periodic pass catches. A pass lists the driver's
+  ResourceSlices and every ResourceClaim once, however many pods wait
+  (:class:`~plugin.api.dra_waiting.WaitingBoard`), and yields to the event loop between
+  pods, so admission reviews served by the same process are not held up.
+* **One Event per pod and distinct note**: a pod waiting for an hour with the same
+  reason gets one Event, not one per pass; a changed reason gets a new one. At most
+  ``max_events_per_pass`` are written per pass (the rest next pass), so a burst of
+  pending pods cannot flood the API server.
+
+Writing an Event is never worth a crash: a failed list or write is logged and tried
+again next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from plugin.api.dra_waiting import WaitingBoard
+
+logger = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+REASON: Final = "NoGpuShareFits"
+ACTION: Final = "Scheduling"
+"""The scheduler's action on its own Event for the same pod (captured)."""
+NOTE_MAX: Final = 1024
+"""``events.k8s.io/v1`` refuses a longer note."""
+REFRESH_S: Final = 60.0
+MAX_EVENTS_PER_PASS: Final = 100
+
+
+@dataclass(frozen=True)
+class ExplainSettings:
+    """``dra.explain_waiting``'s part of the config (:class:`webhook.config.DraConfig`)."""
+
+    driver: str
+    """The ResourceSlices' ``spec.driver`` (the DRA plugin's ``driver``)."""
+    refresh_s: float = REFRESH_S
+
+
+class WaitingPods:
+    """The Pending, Unschedulable pods that name resource claims (pure view).
+
+    Fed :meth:`listed` and :meth:`changed` by a Pod list+watch; :attr:`wake` is set
+    when a pod starts waiting or the scheduler says something new about one."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, Obj] = {}
+        """uid → the trimmed pod (metadata, spec.resourceClaims, resourceClaimStatuses)."""
+        self._verdicts: dict[str, tuple[str, str]] = {}
+        """uid → the PodScheduled condition's (lastTransitionTime, message)."""
+        self.wake = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def pods(self) -> list[Obj]:
+        return list(self._pods.values())
+
+    def uids(self) -> set[str]:
+        return set(self._pods)
+
+    def listed(self, items: Sequence[Obj]) -> None:
+        self._pods, self._verdicts = {}, {}
+        for item in items:
+            self.changed("ADDED", item)
+
+    def changed(self, kind: str, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid:
+            return
+        verdict = None if kind == "DELETED" else _unschedulable_verdict(obj)
+        if verdict is None or not (obj.get("spec") or {}).get("resourceClaims"):
+            self._pods.pop(uid, None)
+            self._verdicts.pop(uid, None)
+            return
+        self._pods[uid] = _trimmed(obj)
+        if self._verdicts.get(uid) != verdict:
+            self._verdicts[uid] = verdict
+            self.wake.set()
+
+
+class WaitingExplainer:
+    """Writes the Events; :meth:`run` while leading, :meth:`explain` for one pass."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        pods: WaitingPods,
+        *,
+        driver: str,
+        device_class: str,
+        reporting_instance: str,
+        refresh_s: float = REFRESH_S,
+        max_events_per_pass: int = MAX_EVENTS_PER_PASS,
+        timeout_s: float = 10.0,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self._resource = client.ResourceV1Api(api)
+        self._events = client.EventsV1Api(api)
+        self._pods = pods
+        self._driver = driver
+        self._device_class = device_class
+        self._instance = reporting_instance
+        self._refresh_s = refresh_s
+        self._max_events = max_events_per_pass
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._said: dict[str, str] = {}
+        """Pod UID → the note last written, so an unchanged reason is not repeated."""
+
+    async def run(self) -> None:
+        """Until cancelled: a pass when woken, or every ``refresh_s`` while pods wait."""
+        self._said = {}
+        while True:
+            if len(self._pods):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._pods.wake.wait(), timeout=self._refresh_s)
+            else:
+                await self._pods.wake.wait()
+            self._pods.wake.clear()
+            try:
+                await self.explain()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the next change or refresh tries again
+                logger.warning(
+                    "could not explain waiting DRA pods; trying again",
+                    extra={"error": f"{type(exc).__name__}: {exc}"},
+                )
+
+    async def explain(self) -> int:
+        """One pass over the waiting pods; how many Events it wrote."""
+        waiting = self._pods.pods()
+        uids = self._pods.uids()
+        self._said = {uid: note for uid, note in self._said.items() if uid in uids}
+        if not waiting:
+            return 0
+        slices = await self._list(self._resource.list_resource_slice)
+        claims = await self._list(self._resource.list_resource_claim_for_all_namespaces)
+        board = WaitingBoard.of(
+            slices,
+            [c for c in claims if (c.get("status") or {}).get("allocation")],
+            driver=self._driver,
+            device_class=self._device_class,
+        )
+        by_namespace: dict[str, dict[str, Mapping[str, Any]]] = {}
+        for claim in claims:
+            meta = claim.get("metadata") or {}
+            by_namespace.setdefault(str(meta.get("namespace")), {})[str(meta.get("name"))] = claim
+        written = 0
+        for pod in waiting:
+            if written >= self._max_events:
+                self._pods.wake.set()  # the rest in the next pass
+                break
+            await asyncio.sleep(0)  # admission reviews share this loop
+            meta = pod["metadata"]
+            note = board.pod_words(pod, by_namespace.get(str(meta.get("namespace")), {}))
+            uid = str(meta["uid"])
+            if note is None or self._said.get(uid) == note:
+                continue
+            if await self._write(pod, note):
+                self._said[uid] = note
+                written += 1
+        return written
+
+    async def _list(self, send: Any) -> list[Obj]:
+        """A list's items as raw JSON (``shareID`` and ``consumedCapacity`` survive
+        older client models, as the DRA plugin's claim reader keeps them)."""
+        resp = cast(
+            aiohttp.ClientResponse,
+            await send(
+                _preload_content=False,
+                _request_timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+            ),
+        )
+        try:
+            body = await resp.read()
+        finally:
+            resp.release()
+        if resp.status != 200:
+            raise RuntimeError(f"listing failed: HTTP {resp.status}: {body[:200]!r}")
+        return list(json.loads(body).get("items") or [])
+
+    async def _write(self, pod: Obj, note: str) -> bool:
+        meta = pod["metadata"]
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        event = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+            "eventTime": self._clock().strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "reportingController": f"{self._driver}/why-pending",
+            "reportingInstance": self._instance[:128],
+            "action": ACTION,
+            "reason": REASON,
+            "type": "Warning",
+            "note": _capped(note),
+            "regarding": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": namespace,
+                "name": name,
+                "uid": meta["uid"],
+            },
+        }
+        try:
+            await self._events.create_namespaced_event(
+                namespace, cast(Any, event), _request_timeout=self._timeout_s
+            )
+        except Exception as exc:  # an Event is worth a log line, never a crash
+            logger.warning(
+                "could not record why a pod waits: %s", exc, extra={"pod": f"{namespace}/{name}"}
+            )
+            return False
+        return True
+
+
+def _unschedulable_verdict(pod: Obj) -> tuple[str, str] | None:
+    """The scheduler's standing verdict on a Pending pod it could not place, or None."""
+    if (pod.get("status") or {}).get("phase") not in (None, "Pending"):
+        return None
+    if (pod.get("spec") or {}).get("nodeName"):
+        return None
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled":
+            if condition.get("status") == "False" and condition.get("reason") == "Unschedulable":
+                return (
+                    str(condition.get("lastTransitionTime") or ""),
+                    str(condition.get("message") or ""),
+                )
+            return None
+    return None
+
+
+def _trimmed(pod: Obj) -> Obj:
+    """What :meth:`~plugin.api.dra_waiting.WaitingBoard.pod_words` and the Event read."""
+    meta = pod.get("metadata") or {}
+    return {
+        "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid")},
+        "spec": {"resourceClaims": (pod.get("spec") or {}).get("resourceClaims") or []},
+        "status": {
+            "resourceClaimStatuses": (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        },
+    }
+
+
+def _capped(note: str) -> str:
+    raw = note.encode("utf-8")
+    if len(raw) <= NOTE_MAX:
+        return note
+    return raw[: NOTE_MAX - 3].decode("utf-8", "ignore") + "…"
