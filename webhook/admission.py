@@ -15,6 +15,9 @@ too broadly never blocks anything):
 * workloads (Deployment, StatefulSet, DaemonSet, ReplicaSet,
   ReplicationController, Job, CronJob) CREATE and UPDATE: rule 9.
 
+In device-plugin mode, a Pod CREATE and a workload first get the claims an
+earlier ``mode: dra`` wrote turned back into units (:mod:`webhook.leftovers`).
+
 Any other Pod UPDATE (labels, finalizers, ...) and DELETE are never mutated:
 the resources of a running pod cannot change, and ``dryRun`` requests get
 exactly what a real request would (the rules have no side effects to skip).
@@ -30,6 +33,7 @@ from webhook.dra import (
     mutate_pod_update_dra,
     mutate_workload_dra,
 )
+from webhook.leftovers import mutate_pod_leftovers, mutate_workload_leftovers
 from webhook.model import Obj
 from webhook.quotas.coverage import with_unit_warnings
 from webhook.review import AdmissionRequest
@@ -41,9 +45,7 @@ from webhook.rules import (
     NamespaceFacts,
     RuleSettings,
     mutate_ephemeral_containers,
-    mutate_pod,
     mutate_pod_update,
-    mutate_workload,
 )
 
 Target = Literal["pod", "pod-update", "ephemeral-containers", "workload", "other"]
@@ -129,7 +131,7 @@ def _admit(
     if settings.dra is not None:
         return _admit_dra(request, obj, settings=settings, namespace=namespace, target=target)
     if target == "pod":
-        return mutate_pod(obj, settings=settings, namespace=namespace)
+        return mutate_pod_leftovers(obj, settings=settings, namespace=namespace)
     if target == "pod-update":
         return mutate_pod_update(
             obj, old_pod=request.get("oldObject"), settings=settings, namespace=namespace
@@ -139,7 +141,7 @@ def _admit(
             obj, old_pod=request.get("oldObject"), settings=settings, namespace=namespace
         )
     kind = request["kind"]
-    return mutate_workload(
+    return mutate_workload_leftovers(
         obj, group=kind["group"], kind=kind["kind"], settings=settings, namespace=namespace
     )
 

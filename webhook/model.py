@@ -138,6 +138,28 @@ class DraSettings:
 
 
 @dataclass(frozen=True)
+class DraLeftovers:
+    """What device-plugin mode needs to turn DRA mode's claims back into units
+    (:mod:`webhook.leftovers`): the ``dra`` config section outlives ``mode: dra``,
+    because Deployments and other workloads keep the claims it wrote."""
+
+    template_prefix: str
+    """``dra.template_prefix``: only claims from templates named with it are ours."""
+    memory_resource_name: str
+    """``dra.memory_resource_name``: how a container asks for GPU memory."""
+    gpu_memory_mib: int | None
+    """``dra.gpu_memory_mib``; None: memory-only shares cannot be sized in units."""
+
+    @classmethod
+    def of(cls, config: DraConfig) -> DraLeftovers:
+        return cls(
+            template_prefix=config.template_prefix,
+            memory_resource_name=config.memory_resource_name,
+            gpu_memory_mib=config.gpu_memory_mib,
+        )
+
+
+@dataclass(frozen=True)
 class RuleSettings:
     """The config, pre-digested once for the hot path (sets, Decimals, ready-made dicts)."""
 
@@ -168,6 +190,9 @@ class RuleSettings:
     """Host directories of the MPS daemon's pipes; GPU pods may not mount them."""
     dra: DraSettings | None = None
     """``mode: dra``: shares become ResourceClaims (:mod:`webhook.dra`); None: units."""
+    dra_leftovers: DraLeftovers | None = None
+    """Device-plugin mode: how to convert the claims DRA mode left in workloads back into
+    units (:mod:`webhook.leftovers`); None in DRA mode."""
 
     @classmethod
     def from_config(cls, config: WebhookConfig) -> RuleSettings:
@@ -196,6 +221,7 @@ class RuleSettings:
             void_non_gpu_containers=config.void_non_gpu_containers,
             mps_host_directories=tuple(config.mps_host_directories),
             dra=DraSettings.of(config.dra) if config.mode == "dra" else None,
+            dra_leftovers=DraLeftovers.of(config.dra) if config.mode != "dra" else None,
         )
 
 
