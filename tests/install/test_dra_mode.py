@@ -266,11 +266,6 @@ def test_nothing_of_dra_mode_is_rendered_by_default() -> None:
             id="one-label-two-pools",
         ),
         pytest.param(
-            {**DRA_NODES_ONLY, "ocp": True},
-            "the DRA plugin has no SecurityContextConstraints",
-            id="openshift",
-        ),
-        pytest.param(
             {"dra": {"enabled": True, "nodeSelector": {"a": "1", "b": "2"}}},
             "dra/nodeSelector",
             id="two-labels",
