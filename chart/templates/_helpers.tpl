@@ -238,9 +238,9 @@ matchConditions are built from this. */}}
 {{- define "metagpu.gpuResourceNames" -}}
 {{- $names := include "metagpu.metagpuResourceNames" . | fromJsonArray -}}
 {{- $names = concat $names .Values.fractionResourceNames (list "nvidia.com/gpu") -}}
-{{- if eq .Values.webhook.mode "dra" -}}
+{{- /* The memory resource in both modes: device-plugin mode turns a memory-only ask
+into units or refuses it, rather than leave a pod Pending on a resource no node has. */ -}}
 {{- $names = append $names (include "metagpu.dra.memoryResourceName" .) -}}
-{{- end -}}
 {{- toJson ($names | uniq) -}}
 {{- end -}}
 
@@ -280,6 +280,12 @@ an evaluation error under failurePolicy Fail would reject the request. */}}
 {{- end -}}
 {{- $runtimeClasses := include "metagpu.runtimeClassNames" .root | fromJsonArray -}}
 {{- $clauses = append $clauses (printf "(has(%s.runtimeClassName) && %s.runtimeClassName in %s)" $s $s (include "metagpu.cel.list" $runtimeClasses)) -}}
+{{- if ne .root.Values.webhook.mode "dra" -}}
+{{- /* Device-plugin mode: a pod or template still holding a claim DRA mode wrote
+(gpu-<container> from a metagpu-<shape> template) is converted back into units
+(webhook/leftovers.py), so it is sent too. */ -}}
+{{- $clauses = append $clauses (printf "(has(%s.resourceClaims) && %s.resourceClaims.exists(e, has(e.name) && e.name.startsWith('gpu-') && has(e.resourceClaimTemplateName) && e.resourceClaimTemplateName.startsWith('%s-')))" $s $s (include "metagpu.dra.templatePrefix" .root)) -}}
+{{- end -}}
 {{- join "\n|| " $clauses -}}
 {{- end -}}
 
@@ -388,6 +394,10 @@ come from flags (see the Deployment), so the file holds only policy. */}}
   "lease_name" (include "metagpu.dra.leaseName" .)
   "explain_waiting" .Values.dra.explainWaiting
   "driver_name" (include "metagpu.dra.driver" .)) -}}
+{{- else if .Values.dra.gpuMemoryMiB -}}
+{{- /* Device-plugin mode sizes a memory-only ask (metagpu.io/gpu-memory, or a
+claim DRA mode left) in units of this GPU (webhook/leftovers.py). */ -}}
+{{- $_ := set $config "dra" (dict "gpu_memory_mib" .Values.dra.gpuMemoryMiB) -}}
 {{- end -}}
 {{- include "metagpu.mergeExtraConfig" (dict "base" $config "extra" .Values.webhook.extraConfig "where" "webhook.extraConfig") -}}
 {{- toYaml $config -}}
@@ -655,6 +665,13 @@ were captured with, and the DeviceClass is named after it. */}}
 webhook's dra.memory_resource_name default). */}}
 {{- define "metagpu.dra.memoryResourceName" -}}metagpu.io/gpu-memory{{- end -}}
 {{- define "metagpu.dra.configFile" -}}/etc/metagpu/config/dra-plugin.yaml{{- end -}}
+{{/* ResourceClaimTemplate names' prefix (webhook dra.template_prefix, default
+metagpu); webhook.extraConfig.dra.template_prefix overrides it. */}}
+{{- define "metagpu.dra.templatePrefix" -}}
+{{- $extra := default dict (index (default dict .Values.webhook.extraConfig) "dra") -}}
+{{- default "metagpu" (index $extra "template_prefix") -}}
+{{- end -}}
+
 {{/* The claim-template controller's Lease (webhook dra.lease_name). */}}
 {{- define "metagpu.dra.leaseName" -}}{{ include "metagpu.fullname" . }}-claim-templates{{- end -}}
 

@@ -283,6 +283,49 @@ def test_without_a_runtime_class_value_the_nvidia_class_is_still_sent() -> None:
             assert evaluate(program, admission_request(wrap("Pod", spec)))
 
 
+def _holding_claims(template: str, claim: str = "gpu-main") -> Obj:
+    """A pod spec whose only GPU is a claim DRA mode wrote, as a stored workload keeps it."""
+    spec = pod_spec()
+    spec["containers"][0]["resources"] = {"claims": [{"name": claim}]}
+    spec["resourceClaims"] = [{"name": claim, "resourceClaimTemplateName": template}]
+    return spec
+
+
+@pytest.mark.parametrize("kind", ["Pod", *WORKLOAD_TEMPLATE_PATHS])
+def test_claims_mode_dra_left_are_sent_in_device_plugin_mode(kind: str) -> None:
+    """After webhook.mode goes back to device-plugin, a workload still holding our claim
+    (and each pod its ReplicaSet makes) reaches the webhook, which turns it into units
+    (webhook/leftovers.py); a user's own claims, and DRA mode itself, are left alone."""
+    ours = admission_request(wrap(kind, _holding_claims("metagpu-50u-40gi")))
+    assert matches(webhook_for(kind), ours)
+    assert not matches(webhook_for(kind), ours, values_key="dra")
+    for template, claim in (("team-gpu", "gpu-main"), ("metagpu-50u-40gi", "shared")):
+        theirs = admission_request(wrap(kind, _holding_claims(template, claim)))
+        assert not matches(webhook_for(kind), theirs)
+
+
+def test_a_memory_only_ask_is_sent_in_device_plugin_mode() -> None:
+    request = admission_request(wrap("Pod", pod_spec(resource="metagpu.io/gpu-memory")))
+    assert matches("pods.metagpu.io", request)
+
+
+def test_device_plugin_mode_gets_the_gpu_memory_when_the_values_give_it() -> None:
+    """So a memory-only ask becomes units of that GPU instead of a refusal."""
+    from webhook.config import WebhookConfig
+
+    def rendered(values: Obj) -> WebhookConfig:
+        objects = render(values)
+        [configmap] = [
+            c for c in objects if c.get("kind") == "ConfigMap" and "webhook.yaml" in c["data"]
+        ]
+        name = configmap["metadata"]["name"]
+        return load_rendered_config(objects, name, "webhook.yaml", WebhookConfig)
+
+    assert rendered({"dra": {"gpuMemoryMiB": 81559}}).dra.gpu_memory_mib == 81559
+    assert rendered({}).dra.gpu_memory_mib is None
+    assert rendered({"dra": {"gpuMemoryMiB": 81559}}).mode == "device-plugin"
+
+
 def test_ephemeral_container_update_of_a_gpu_pod_matches() -> None:
     old = wrap("Pod", pod_spec(resource="cnvrg.io/metagpu"))
     new = copy.deepcopy(old)
