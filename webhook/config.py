@@ -408,7 +408,8 @@ class WebhookConfig(StrictModel):
     ``default-scheduler``, so the GPU-aware second scheduler (``metagpu-scheduler``,
     docs/scheduler.md) places them. ``null``: never (no second scheduler deployed; the
     chart sets it when ``scheduler.enabled``). A pod naming another scheduler is left
-    alone, with a warning."""
+    alone, with a warning. Not used with ``mode: dra``: the cluster's scheduler keeps a
+    claim's share on one GPU by itself."""
 
     default_compute_policy: ComputePolicy = "balance"
     """Policy for pods whose own annotation and whose namespace's annotation

@@ -214,7 +214,11 @@ class RuleSettings:
             toleration_keys=tuple(TolerationKey.of(t) for t in tolerations),
             runtime_class_name=config.runtime_class_name,
             void_runtime_class=config.runtime_class_name or "nvidia",
-            scheduler_name=config.scheduler_name,
+            # DRA mode: kube-scheduler's own DRA plugin keeps every share on one GPU
+            # (consumable capacity), which is what the second scheduler is for; sending
+            # claim pods to it would only add a hop whose feature gates (1.34-1.35) and
+            # version the cluster's scheduler already has right.
+            scheduler_name=None if config.mode == "dra" else config.scheduler_name,
             default_compute_policy=config.default_compute_policy,
             visible_devices_policy=config.visible_devices_policy,
             deny_privileged=config.deny_privileged,

@@ -254,6 +254,24 @@ def test_a_pod_gets_the_captured_claim_shape(limits: Obj) -> None:
     assert decide(review_of(out)) == Mutation()
 
 
+def test_claim_pods_stay_with_the_clusters_scheduler() -> None:
+    """The second scheduler exists to keep a share on one GPU; in DRA mode kube-scheduler's
+    DRA plugin does that itself, so a claim pod is not sent to it (scheduler_name unused),
+    and a pod naming another scheduler hears no warning about split shares."""
+    with_scheduler = settings(**DRA, scheduler_name="metagpu-scheduler")
+    body = captured_pod_body()
+    out, decision = converted(review_of(as_user_wrote(body, {NVIDIA: "0.5"})), with_scheduler)
+    assert "schedulerName" not in out["spec"]
+    assert out["spec"]["resourceClaims"]
+    named = as_user_wrote(body, {NVIDIA: "0.5"})
+    named["spec"]["schedulerName"] = "volcano"
+    _, decision = converted(review_of(named), with_scheduler)
+    assert not [w for w in decision.warnings if "schedulerName" in w]
+    device_plugin = settings(scheduler_name="metagpu-scheduler")
+    out, _ = converted(review_of(as_user_wrote(body, {NVIDIA: "0.5"})), device_plugin)
+    assert out["spec"]["schedulerName"] == "metagpu-scheduler"
+
+
 def test_memory_alone_is_the_captured_memory_only_claim() -> None:
     body = captured_pod_body()
     out, _ = converted(review_of(as_user_wrote(body, {MEMORY: "10Gi"})))
