@@ -4,7 +4,9 @@ Pure. Inputs, each gathered by an adapter:
 
 * GPU readings (:class:`GpuReading`) from the :class:`~plugin.gpu.backend.GpuBackend`;
 * allocations (:class:`Allocation`) from the kubelet's PodResources API: which
-  container holds which meta-devices ``<gpu>::<n>``;
+  container holds which meta-devices ``<gpu>::<n>`` (device plugin), or which
+  whole shares (:class:`ShareGrant`: a DRA claim's GPU, units and memory limit,
+  read back from its CDI spec by :mod:`plugin.agent.dra_shares`);
 * process owners: PID → container ID from ``/proc/<pid>/cgroup``;
 * the pod index: container ID → namespace/pod/container;
 * other resources' claims on the same physical GPUs
@@ -58,6 +60,42 @@ class GpuReading:
 
 
 @dataclass(frozen=True)
+class ShareGrant:
+    """A share handed out whole, with its own limits: one DRA claim device of one GPU.
+
+    A device-plugin share is N meta-devices and its memory limit follows from N
+    (:func:`memory_limit_mib`); a DRA share comes with the memory the scheduler
+    charged it (which may be asked for apart from units), so it carries its limit."""
+
+    gpu_id: str
+    """The GPU's UUID (``NVIDIA_VISIBLE_DEVICES`` of the share's CDI spec)."""
+    share: str
+    """The share's CDI device ID: one share, however many containers hold it (a
+    claim may be shared by the containers of a pod), counts once into its GPU."""
+    claim: str
+    """``namespace/name`` of the ResourceClaim, for messages."""
+    units: int
+    memory_limit_mib: int
+    compute_policy: str = ""
+    """The policy the share's container was told (its spec's env); empty: unknown."""
+
+
+@dataclass(frozen=True)
+class UnresolvedShare:
+    """A claim device of ours the agent cannot turn into a share, and why."""
+
+    key: ContainerKey
+    claim: str
+    """``namespace/name`` of the ResourceClaim."""
+    device: str
+    """The CDI device ID, or ``pool/device`` when the kubelet listed no CDI device."""
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.key}: claim {self.claim}, device {self.device}: {self.reason}"
+
+
+@dataclass(frozen=True)
 class Allocation:
     """One container's devices of one resource, as the kubelet reports them."""
 
@@ -65,6 +103,10 @@ class Allocation:
     resource: str
     device_ids: tuple[str, ...]
     """Meta-device IDs, ``<gpu uuid or index>::<n>``."""
+    grants: tuple[ShareGrant, ...] = ()
+    """Whole shares with their limits (DRA claims of the agent's driver)."""
+    unresolved: tuple[UnresolvedShare, ...] = ()
+    """Claim devices of ours that are no share the agent can account for."""
 
 
 @dataclass(frozen=True)
@@ -272,6 +314,9 @@ class Snapshot:
     )
     """Each allocated share's peak over the right-sizing window, by (container, GPU
     UUID); a share with no reading yet has none. Filled by the agent after the join."""
+    unresolved: tuple[UnresolvedShare, ...] = ()
+    """Claim devices of the DRA driver that no share could be made of (no CDI spec,
+    a GPU not on this node, ...), each with its reason, for mgctl and metrics."""
 
     @property
     def enforces(self) -> tuple[Enforced, ...]:
@@ -342,9 +387,37 @@ def build_snapshot(
     units: dict[tuple[ContainerKey, str], int] = defaultdict(int)
     unit_resource: dict[tuple[ContainerKey, str], str] = {}
     allocated_on: dict[str, int] = defaultdict(int)
+    granted_units: dict[tuple[ContainerKey, str], int] = defaultdict(int)
+    granted_mib: dict[tuple[ContainerKey, str], int] = defaultdict(int)
+    granted_policy: dict[tuple[ContainerKey, str], str] = {}
+    counted: set[tuple[str, str]] = set()
+    unresolved: list[UnresolvedShare] = []
     for alloc in allocations:
         if alloc.resource not in wanted:
             continue
+        for grant in alloc.grants:
+            found = by_device.get(grant.gpu_id)
+            if found is None:
+                unresolved.append(
+                    UnresolvedShare(
+                        alloc.key,
+                        grant.claim,
+                        grant.share,
+                        f"its CDI spec names GPU {grant.gpu_id!r}, which is not on this node",
+                    )
+                )
+                continue
+            pair = (alloc.key, found.info.uuid)
+            units[pair] += grant.units
+            granted_units[pair] += grant.units
+            granted_mib[pair] += grant.memory_limit_mib
+            unit_resource[pair] = alloc.resource
+            if grant.compute_policy:
+                granted_policy[pair] = grant.compute_policy
+            if (found.info.uuid, grant.share) not in counted:
+                counted.add((found.info.uuid, grant.share))
+                allocated_on[found.info.uuid] += grant.units
+        unresolved.extend(alloc.unresolved)
         for device_id in alloc.device_ids:
             try:
                 gpu_id, _ = parse_replica_id(device_id)
@@ -362,6 +435,8 @@ def build_snapshot(
             units[(alloc.key, uuid)] += 1
             unit_resource[(alloc.key, uuid)] = alloc.resource
             allocated_on[uuid] += 1
+
+    problems.extend(u.describe() for u in unresolved)
 
     advertised_on: dict[str, int] | None = None
     if advertised is not None:
@@ -408,6 +483,12 @@ def build_snapshot(
         procs = proc_of.get(pair, [])
         total_mib = reading.info.memory_mib
         ref = procs[0].container if procs else directory.by_key(key)
+        # Meta-devices' memory follows from their count; a whole share brings its own.
+        metered = held - granted_units.get(pair, 0)
+        limit_mib = granted_mib.get(pair, 0) + memory_limit_mib(
+            metered, units_per_gpu=units_per_gpu, memory_total_mib=total_mib
+        )
+        policy = granted_policy.get(pair) or (ref.compute_policy if ref else "")
         shares.append(
             ShareView(
                 key=key,
@@ -417,15 +498,13 @@ def build_snapshot(
                 units=held,
                 units_per_gpu=units_per_gpu,
                 memory_total_mib=total_mib,
-                memory_limit_mib=memory_limit_mib(
-                    held, units_per_gpu=units_per_gpu, memory_total_mib=total_mib
-                ),
+                memory_limit_mib=limit_mib,
                 memory_used_mib=sum(p.used_memory_mib for p in procs),
                 utilization_percent=_share_utilization(procs, reading),
                 pids=tuple(sorted(p.pid for p in procs)),
                 container_id=ref.container_id if ref else None,
                 pod_uid=ref.pod_uid if ref else "",
-                compute_policy=ref.compute_policy if ref else "",
+                compute_policy=policy,
             )
         )
     # --- GPUs
@@ -494,6 +573,7 @@ def build_snapshot(
         no_gpus_reason=no_gpus_reason if not gpus else None,
         shares_by_container={k: tuple(v) for k, v in by_container.items()},
         mps=mps or MpsNode(),
+        unresolved=tuple(unresolved),
     )
 
 

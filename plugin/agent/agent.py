@@ -3,7 +3,8 @@
 A cycle (:meth:`Agent.cycle`):
 
 1. read every GPU (devices, usage, processes) in a worker thread;
-2. ask the kubelet which container holds which meta-devices (PodResources);
+2. ask the kubelet which container holds which meta-devices or DRA claims
+   (PodResources; a claim's share is read from its CDI spec);
 3. map each GPU process to its container (``/proc/<pid>/cgroup``);
 4. join into a :class:`~plugin.agent.accounting.Snapshot`
    (:meth:`Agent.process`, pure and benchmarked), decide enforcement, update
@@ -49,6 +50,7 @@ from plugin.agent.cgroups import (
     read_process_cgroup,
 )
 from plugin.agent.containers import PodIndex
+from plugin.agent.dra_shares import DraShareReader
 from plugin.agent.enforcement import (
     Decision,
     EnforcementRecord,
@@ -205,6 +207,9 @@ class Agent:
         self._resources_key: tuple[tuple[str, int, bool], ...] | None = None
         self._gpu_resources: dict[str, str] = {}
         self._resource_names = tuple(r.name for r in config.resources)
+        self._share_resources = (*self._resource_names, self.settings.dra_driver)
+        """Whose allocations are shares: the device plugin's resources, and the DRA
+        driver's claims (:mod:`plugin.agent.dra_shares`); the rest are other plugins'."""
         self._waiters: list[asyncio.Future[CycleResult]] = []
         self._known: tuple[int, frozenset[ContainerId]] | None = None
         """(index generation, container IDs): rebuilt only when the pod index changed."""
@@ -324,7 +329,7 @@ class Agent:
                     a.key.namespace, a.key.pod, a.key.container, a.resource, a.device_ids
                 )
                 for a in allocations
-                if a.resource not in self._resource_names
+                if a.resource not in self._share_resources
             ],
             own_resources=self._resource_names,
         )
@@ -335,7 +340,7 @@ class Agent:
             directory=self.index,
             units_per_gpu=self.config.units_per_gpu,
             gpu_resources=self._resources_for(readings),
-            resources=self._resource_names,
+            resources=self._share_resources,
             taken_at=self._wall(),
             stale=stale,
             health=board.health() if board is not None else None,
@@ -554,7 +559,9 @@ class AgentRuntime:
             backend = await asyncio.to_thread(open_backend, gpus_file=self.config.gpus_file)
         self._stack.callback(backend.close)
         podresources = PodResourcesReader(
-            settings.pod_resources_socket, timeout_s=settings.pod_resources_timeout_s
+            settings.pod_resources_socket,
+            timeout_s=settings.pod_resources_timeout_s,
+            dra=DraShareReader(settings.dra_cdi_dir, driver=settings.dra_driver),
         )
         self._stack.push_async_callback(podresources.close)
         index = PodIndex()
@@ -587,6 +594,8 @@ class AgentRuntime:
                 "kill_grace_s": settings.kill_grace_s,
                 "socket": str(self.socket_path),
                 "pod_resources_socket": str(settings.pod_resources_socket),
+                "dra_driver": settings.dra_driver,
+                "dra_cdi_dir": str(settings.dra_cdi_dir),
             },
         )
         if settings.install_mgctl:

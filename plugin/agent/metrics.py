@@ -233,7 +233,8 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
     c_units = gauge("container_units", "Units of the GPU the container holds.", CONTAINER_LABELS)
     c_limit = gauge(
         "container_memory_limit_bytes",
-        "GPU memory the container's share allows: units / units per GPU x GPU memory.",
+        "GPU memory the container's share allows: units / units per GPU x GPU memory "
+        "(a DRA share: the memory its claim was charged, from its CDI spec).",
         CONTAINER_LABELS,
     )
     c_used = gauge(
@@ -341,3 +342,14 @@ def build_families(snapshot: Snapshot) -> Iterator[Metric]:
             s.units,
         )
     yield conflict
+
+    unresolved = gauge(
+        "share_unresolved",
+        "1 for each claim device of the DRA driver the agent cannot account for (no CDI "
+        "spec for it, a GPU not on this node, ...): that container has no share metrics, "
+        "no showback and no enforcement on it. mgctl names the reason.",
+        ("namespace", "pod", "container", "claim", "device"),
+    )
+    for u in snapshot.unresolved:
+        unresolved.add_metric((u.key.namespace, u.key.pod, u.key.container, u.claim, u.device), 1)
+    yield unresolved

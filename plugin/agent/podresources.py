@@ -6,6 +6,11 @@ agent keeps nothing of its own and asks again every cycle (a ``List`` is
 answered from memory in milliseconds). The original MetaGPU instead listed
 every pod in the cluster and exec'd ``printenv`` into each GPU container.
 
+On a DRA node the same answer names each container's claim devices
+(``dynamic_resources``); those of the agent's driver are turned into shares by
+:class:`~plugin.agent.dra_shares.DraShareReader` from the DRA plugin's CDI specs, in a
+worker thread (file reads), and join the allocations as any other.
+
 The connection, timeouts and errors are the shared client's
 (:class:`plugin.kubelet.podresources.PodResourcesClient`); this module turns
 its answers into the agent's :class:`~plugin.agent.accounting.Allocation` and
@@ -15,11 +20,13 @@ its answers into the agent's :class:`~plugin.agent.accounting.Allocation` and
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from plugin._pb import podresources_v1_pb2 as pb
 from plugin.agent.accounting import Allocation
 from plugin.agent.containers import ContainerKey
+from plugin.agent.dra_shares import ClaimDevice, DraShareReader
 from plugin.kubelet.podresources import PodResourcesClient
 from plugin.placement.ownership import ResourceDevices
 
@@ -27,14 +34,27 @@ from plugin.placement.ownership import ResourceDevices
 class PodResourcesReader:
     """The agent's two readings of the kubelet: allocations and allocatable devices."""
 
-    def __init__(self, socket_path: Path, *, timeout_s: float) -> None:
+    def __init__(
+        self, socket_path: Path, *, timeout_s: float, dra: DraShareReader | None = None
+    ) -> None:
+        """``dra``: how claim devices of the DRA driver become shares (None: they are
+        ignored, as before the agent knew DRA)."""
         self._client = PodResourcesClient(
             socket_path, timeout_s=timeout_s, mount_into="the agent container"
         )
+        self._dra = dra
 
     async def list_allocations(self) -> tuple[Allocation, ...]:
-        """Every container's devices, all resources (the caller filters by name)."""
-        return allocations_from_response(await self._client.list())
+        """Every container's devices, all resources (the caller filters by name), and
+        its DRA shares (resource: the driver's name)."""
+        response = await self._client.list()
+        allocations = allocations_from_response(response)
+        if self._dra is None:
+            return allocations
+        claims = claim_devices_from_response(response, driver=self._dra.driver)
+        if not claims:  # a device-plugin node never reads the CDI directory
+            return allocations
+        return allocations + await asyncio.to_thread(self._dra.resolve, claims)
 
     async def list_allocatable(self) -> tuple[ResourceDevices, ...]:
         """Every device the kubelet knows, of every resource (``GetAllocatableResources``):
@@ -63,6 +83,35 @@ def allocations_from_response(response: pb.ListPodResourcesResponse) -> tuple[Al
         Allocation(key=key, resource=resource, device_ids=tuple(ids))
         for (key, resource), ids in merged.items()
     )
+
+
+def claim_devices_from_response(
+    response: pb.ListPodResourcesResponse, *, driver: str
+) -> tuple[ClaimDevice, ...]:
+    """Every container's claim devices of ``driver`` (``dynamic_resources``), as sent.
+
+    ``cdi_devices`` are kept as the kubelet lists them (with its repeats, which
+    :func:`plugin.agent.dra_shares.allocations_of_claims` removes)."""
+    found: list[ClaimDevice] = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            key = ContainerKey(pod.namespace, pod.name, container.name)
+            for claim in container.dynamic_resources:
+                name = f"{claim.claim_namespace}/{claim.claim_name}"
+                for resource in claim.claim_resources:
+                    if resource.driver_name != driver:
+                        continue
+                    found.append(
+                        ClaimDevice(
+                            key=key,
+                            claim=name,
+                            driver=resource.driver_name,
+                            pool=resource.pool_name,
+                            device=resource.device_name,
+                            cdi_ids=tuple(d.name for d in resource.cdi_devices),
+                        )
+                    )
+    return tuple(found)
 
 
 def allocatable_from_response(

@@ -67,7 +67,26 @@ def _envelope(kind: str, snapshot: Snapshot, caller: Caller, node: str | None) -
         "noGpusReason": snapshot.no_gpus_reason,
         "mps": _mps_doc(snapshot),
         "caller": caller_doc(caller),
+        "unresolvedShares": _unresolved_docs(snapshot, caller),
     }
+
+
+def _unresolved_docs(snapshot: Snapshot, caller: Caller) -> list[Json]:
+    """DRA claim devices that are no share the agent can account for, with the reason
+    (node scope: all; container scope: the caller's own)."""
+    own = caller.container.key if caller.container is not None else None
+    return [
+        {
+            "namespace": u.key.namespace,
+            "pod": u.key.pod,
+            "container": u.key.container,
+            "claim": u.claim,
+            "device": u.device,
+            "reason": u.reason,
+        }
+        for u in snapshot.unresolved
+        if own is None or u.key == own
+    ]
 
 
 ENFORCED_BY: Final = {

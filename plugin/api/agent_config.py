@@ -9,12 +9,13 @@ chart (``agent.*`` values) and with ``docs/agent.md``: add fields, never rename.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Final, Literal
 
 from pydantic import Field, field_validator
 
-from plugin.api.resources import CONTAINER_AGENT_DIR
+from plugin.api.resources import CONTAINER_AGENT_DIR, DRA_DRIVER
 from plugin.api.settings import StrictModel, split_listen
 
 MemoryEnforcement = Literal["off", "report", "kill"]
@@ -26,6 +27,14 @@ DEFAULT_METRICS_PORT: Final = 9400
 
 DEFAULT_METRICS_LISTEN: Final = f"0.0.0.0:{DEFAULT_METRICS_PORT}"
 """Every interface: Prometheus scrapes the agent from another node."""
+
+DEFAULT_CDI_DIR: Final = Path("/var/run/cdi")
+"""Where the DRA plugin writes its CDI specs (its ``cdi_dir`` default, and the
+directory containerd and CRI-O read CDI specs from by default)."""
+
+_DNS_SUBDOMAIN: Final = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 
 
 class AgentConfig(StrictModel):
@@ -122,8 +131,27 @@ class AgentConfig(StrictModel):
     """Copy the stdlib-only ``mgctl`` program into ``socket_dir`` at start-up, so every
     metagpu container can run ``/var/run/metagpu/mgctl`` without it in its image."""
 
+    dra_driver: str = Field(default=DRA_DRIVER, max_length=63)
+    """The DRA driver whose claims are metagpu shares (the DRA plugin's
+    ``driver_name``). The kubelet reports a container's claim devices with their
+    driver; those of this driver become shares through their CDI spec in
+    ``dra_cdi_dir``, others are not metagpu's. Must equal the plugin's setting."""
+
+    dra_cdi_dir: Path = DEFAULT_CDI_DIR
+    """Where the DRA plugin writes one CDI spec per prepared share (its ``cdi_dir``):
+    the node-local record of each share's GPU, units and memory limit. Mounted
+    read-only from the host on DRA nodes; read only when a container holds a claim
+    of ``dra_driver``, so device-plugin nodes never touch it."""
+
     @field_validator("metrics_listen")
     @classmethod
     def _valid_listen(cls, value: str) -> str:
         split_listen(value, example=DEFAULT_METRICS_LISTEN)
+        return value
+
+    @field_validator("dra_driver")
+    @classmethod
+    def _dns(cls, value: str) -> str:
+        if not _DNS_SUBDOMAIN.match(value):
+            raise ValueError(f"must be a DNS subdomain (lower case, dots): {value!r}")
         return value

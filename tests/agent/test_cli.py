@@ -59,6 +59,8 @@ def test_defaults(capsys: pytest.CaptureFixture[str]) -> None:
         "ledger_max_bytes": 65536,
         "rightsizing_window_s": 86400.0,
         "install_mgctl": True,
+        "dra_driver": "gpu.metagpu.io",
+        "dra_cdi_dir": "/var/run/cdi",
     }
 
 

@@ -16,16 +16,25 @@ and ``containerDevicesFromResourceDeviceInstances`` in
 that device's NUMA node in ``topology`` (one entry per NUMA node), or without
 ``topology`` when the plugin reported none. A client that assumed one entry
 per resource would miscount against a real kubelet.
+
+Claims (DRA) are reported as the kubelet's ``GetDynamicResources``
+(``pkg/kubelet/cm/container_manager_linux.go``) builds them from the answers of
+the drivers' ``NodePrepareResources`` it keeps: per claim one ``DynamicResource``
+(claim name and namespace), per prepared device one ``ClaimResource`` (driver,
+pool, device, CDI devices). Its quirk is kept too: the ``cdi_devices`` of one
+driver's devices in a claim are appended to one list, so the second device's entry
+also carries the first device's CDI IDs. Tests hand in what the DRA plugin answered
+(:meth:`FakePodResources.assign_claim`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -33,9 +42,25 @@ from plugin._pb import podresources_v1_pb2 as pb
 from plugin._pb import podresources_v1_pb2_grpc as pb_grpc
 
 
+class PreparedDevice(Protocol):
+    """One device of a driver's ``NodePrepareResources`` answer (``v1.Device``, or the
+    DRA plugin's :class:`plugin.dra.prepare.PreparedDevice`): what the kubelet keeps."""
+
+    @property
+    def pool_name(self) -> str: ...
+
+    @property
+    def device_name(self) -> str: ...
+
+    @property
+    def cdi_device_ids(self) -> Iterable[str]: ...
+
+
 @dataclass
 class _Container:
     devices: dict[str, list[str]] = field(default_factory=dict)  # resource -> ids
+    claims: dict[tuple[str, str], pb.DynamicResource] = field(default_factory=dict)
+    """(claim namespace, claim name) -> the claim as the kubelet reports it."""
 
 
 class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
@@ -60,6 +85,34 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
         """Give ``container`` these device IDs of ``resource`` (replacing earlier ones)."""
         containers = self._pods.setdefault((namespace, pod), {})
         containers.setdefault(container, _Container()).devices[resource] = list(device_ids)
+
+    def assign_claim(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        *,
+        claim_namespace: str,
+        claim_name: str,
+        driver: str,
+        devices: Sequence[PreparedDevice],
+    ) -> None:
+        """``container`` references a claim that ``driver`` prepared with ``devices``
+        (replacing an earlier entry of the same claim). One driver per claim, as
+        metagpu's claims have; the kubelet would list each driver's devices in turn."""
+        claim = pb.DynamicResource(claim_name=claim_name, claim_namespace=claim_namespace)
+        cdi: list[str] = []  # one list across the driver's devices, as the kubelet does
+        for device in devices:
+            cdi.extend(device.cdi_device_ids)
+            claim.claim_resources.add(
+                cdi_devices=[pb.CDIDevice(name=n) for n in cdi],
+                driver_name=driver,
+                pool_name=device.pool_name,
+                device_name=device.device_name,
+            )
+        containers = self._pods.setdefault((namespace, pod), {})
+        entry = containers.setdefault(container, _Container())
+        entry.claims[(claim_namespace, claim_name)] = claim
 
     def advertise(
         self, resource: str, device_ids: Sequence[str], *, numa: int | None = None
@@ -96,6 +149,7 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
                 c = pod.containers.add(name=cname)
                 for resource, ids in container.devices.items():
                     self._add_devices(c.devices, resource, ids)
+                c.dynamic_resources.extend(container.claims.values())
         return response
 
     async def GetAllocatableResources(
@@ -136,6 +190,7 @@ class FakePodResources(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
             c = response.pod_resources.containers.add(name=cname)
             for resource, ids in container.devices.items():
                 self._add_devices(c.devices, resource, ids)
+            c.dynamic_resources.extend(container.claims.values())
         return response
 
 
