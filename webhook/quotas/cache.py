@@ -29,7 +29,13 @@ from kubernetes_asyncio import client as k8s_client
 from plugin.kube.listwatch import WATCH_TIMEOUT_S, ListWatch
 from webhook.model import NamespaceFacts
 from webhook.namespaces import NamespaceSource
-from webhook.quotas.coverage import NamespaceQuotas, QuotaKind, kind_of, unmirrored_warning
+from webhook.quotas.coverage import (
+    NamespaceQuotas,
+    QuotaKind,
+    kind_of,
+    uncounted_claims_warning,
+    unmirrored_warning,
+)
 from webhook.quotas.mirror import MirrorSettings, key_of
 
 logger = logging.getLogger(__name__)
@@ -142,11 +148,19 @@ class QuotaCache:
 
     def _refresh(self, namespace: str) -> None:
         kinds = self._kinds.get(namespace)
-        unmirrored = NamespaceQuotas(kinds).unmirrored() if kinds else []
         if not kinds:
             self._kinds.pop(namespace, None)
-        if unmirrored:
-            self._warnings[namespace] = (unmirrored_warning(unmirrored, self._settings),)
+            self._warnings.pop(namespace, None)
+            return
+        quotas = NamespaceQuotas(kinds)
+        if self._settings.claim_device_class is not None:
+            uncounted = quotas.uncounted_claims()
+            warning = uncounted_claims_warning(uncounted, self._settings) if uncounted else None
+        else:
+            unmirrored = quotas.unmirrored()
+            warning = unmirrored_warning(unmirrored, self._settings) if unmirrored else None
+        if warning is not None:
+            self._warnings[namespace] = (warning,)
         else:
             self._warnings.pop(namespace, None)
 

@@ -52,6 +52,8 @@ MAX_NAME_LEN: Final = 253
 
 REQUESTS: Final = "requests."
 LIMITS: Final = "limits."
+DEVICES_SUFFIX: Final = ".deviceclass.resource.k8s.io/devices"
+"""The ResourceClaim quota evaluator's per-DeviceClass key (devices requested by claims)."""
 GPU_KEYS: Final = (REQUESTS + NVIDIA_GPU_RESOURCE, LIMITS + NVIDIA_GPU_RESOURCE)
 """The source keys read as a whole-GPU budget (see the module docstring)."""
 
@@ -63,6 +65,17 @@ class MirrorSettings:
     resource_name: str
     """The metagpu resource the webhook converts fractions into."""
     units_per_gpu: int
+    claim_device_class: str | None = None
+    """With ``mode: dra``, the DeviceClass the webhook's claims name: shares are then
+    counted by its ``<class>.deviceclass.resource.k8s.io/devices`` quota key, not by
+    units (docs/quotas.md, "DRA mode")."""
+
+    @property
+    def devices_key(self) -> str | None:
+        """The quota key that counts DRA-mode shares, or None in device-plugin mode."""
+        if self.claim_device_class is None:
+            return None
+        return f"{self.claim_device_class}{DEVICES_SUFFIX}"
 
     @property
     def unit_key(self) -> str:

@@ -47,7 +47,11 @@ class QuotaMirrorConfigError(ValueError):
 
 
 def mirror_settings(config: WebhookConfig) -> MirrorSettings:
-    return MirrorSettings(resource_name=config.resource_name, units_per_gpu=config.units_per_gpu)
+    return MirrorSettings(
+        resource_name=config.resource_name,
+        units_per_gpu=config.units_per_gpu,
+        claim_device_class=config.dra.device_class_name if config.mode == "dra" else None,
+    )
 
 
 def mirror_wanted(config: WebhookConfig, env: Mapping[str, str]) -> bool:

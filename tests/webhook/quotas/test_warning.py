@@ -26,7 +26,13 @@ from webhook.model import NamespaceFacts, RuleSettings
 from webhook.namespaces import new_api_client
 from webhook.permissions import QUOTA_CACHE_PERMISSIONS
 from webhook.quotas.cache import QuotaCache
-from webhook.quotas.coverage import NamespaceQuotas, unmirrored_warning
+from webhook.quotas.coverage import (
+    NamespaceQuotas,
+    kind_of,
+    uncounted_claims_warning,
+    unmirrored_warning,
+)
+from webhook.quotas.mirror import MirrorSettings
 from webhook.review import MAX_WARNING_CHARS, AdmissionRequest
 from webhook.server import running_webhook
 
@@ -201,3 +207,63 @@ def test_only_objects_that_ask_for_units_hear_it(
     assert (WARNING[0] in decision.warnings) is warned
     plain = admit(cast(AdmissionRequest, request_body), settings=settings)
     assert decision.warnings[: len(plain.warnings)] == plain.warnings  # only added to
+
+
+# ------------------------------------------------------------------ DRA mode
+DRA_SETTINGS = MirrorSettings(
+    resource_name="cnvrg.io/metagpu", units_per_gpu=100, claim_device_class="gpu.metagpu.io"
+)
+DRA_CONFIG: dict[str, Any] = {"mode": "dra", "dra": {"gpu_memory_mib": 81920}}
+
+
+def test_in_dra_mode_only_a_devices_quota_counts_the_shares() -> None:
+    """A claim holds neither nvidia.com/gpu nor units: only the DeviceClass's devices key
+    counts it (the ResourceClaim quota evaluator), so that is what the warning asks for."""
+    devices = {"gpu.metagpu.io.deviceclass.resource.k8s.io/devices": "4"}
+    assert kind_of(quota("shares", devices), DRA_SETTINGS) == "devices"
+    assert kind_of(quota("shares", devices), SETTINGS) is None  # device-plugin mode
+    assert kind_of(quota("gpus", {"requests.nvidia.com/gpu": "2"}), DRA_SETTINGS) == "gpus"
+    kinds = NamespaceQuotas({"gpus": "gpus", "units": "units"})
+    assert kinds.uncounted_claims() == ["gpus", "units"]
+    assert kinds.unmirrored() == []  # device-plugin mode would be content with the units
+    assert NamespaceQuotas({"gpus": "gpus", "shares": "devices"}).uncounted_claims() == []
+    long = NamespaceQuotas({f"{'q' * 100}{i}": "both" for i in range(5)})
+    warning = uncounted_claims_warning(long.uncounted_claims(), DRA_SETTINGS)
+    assert len(warning) <= MAX_WARNING_CHARS
+    assert "gpu.metagpu.io.deviceclass.resource.k8s.io/devices (shares at once)" in warning
+
+
+@pytest.mark.parametrize(
+    ("request_body", "warned"),
+    [
+        pytest.param(_review("pod-half-gpu.json"), True, id="fraction-becomes-a-claim"),
+        pytest.param(_review("deployment-half-gpu.json"), True, id="template-gets-claims"),
+        pytest.param(_review("pod-no-gpu.json"), False, id="no-gpu"),
+        pytest.param(_review("pod-0.333-gpu.json"), False, id="denied"),
+    ],
+)
+def test_in_dra_mode_objects_given_a_claim_hear_it(
+    request_body: dict[str, Any], warned: bool
+) -> None:
+    settings = RuleSettings.from_config(WebhookConfig.model_validate(DRA_CONFIG))
+    facts = NamespaceFacts(unit_warnings=WARNING)
+    decision = admit(cast(AdmissionRequest, request_body), settings=settings, namespace=facts)
+    assert (WARNING[0] in decision.warnings) is warned
+
+
+async def test_the_cache_says_the_dra_warning_and_goes_quiet_with_a_devices_quota(
+    kube_api: tuple[FakeKubeApi, str], kube_config_env: Path
+) -> None:
+    api, _ = kube_api
+    api.put(for_put(quota("gpus", {"requests.nvidia.com/gpu": "2"})))
+    client = await new_api_client(KubernetesConfig(kubeconfig=kube_config_env), {})
+    try:
+        async with QuotaCache(client, settings=DRA_SETTINGS, watch_timeout_s=1) as cache:
+            await eventually(lambda: bool(cache.warnings("team-a")))
+            (warning,) = cache.warnings("team-a")
+            assert warning.startswith('ResourceQuota "gpus" limits GPUs or units, which DRA')
+            devices = {"gpu.metagpu.io.deviceclass.resource.k8s.io/devices": "4"}
+            api.put(for_put(quota("shares", devices)))
+            await eventually(lambda: not cache.warnings("team-a"))
+    finally:
+        await client.close()
