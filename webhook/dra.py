@@ -52,6 +52,7 @@ from typing import Any, Final, Literal
 
 import jsonpatch
 
+from plugin.api.quantity import Quantity, QuantityError, read_quantity
 from webhook.model import (
     UNCHANGED,
     Container,
@@ -72,7 +73,6 @@ from webhook.model import (
     escape_pointer,
     opted_out,
 )
-from webhook.quantity import Quantity, QuantityError, read_quantity
 from webhook.rules import (
     NO_NAMESPACE_FACTS,
     WORKLOAD_TEMPLATE_PATHS,
