@@ -109,6 +109,9 @@ inside a read-only ConfigMap volume. */}}
 not change when the host's kubelet root does (the hostPath values). */}}
 {{- define "metagpu.plugin.devicePluginsMount" -}}/var/lib/kubelet/device-plugins{{- end -}}
 {{- define "metagpu.agent.podResourcesMount" -}}/var/lib/kubelet/pod-resources{{- end -}}
+{{/* Where the agent reads the DRA plugin's CDI specs (host: dra.cdiDir): its
+agent.dra_cdi_dir default, so the config file needs no DRA entry. */}}
+{{- define "metagpu.agent.cdiMount" -}}/var/run/cdi{{- end -}}
 
 {{/* ------------------------------------------------------- GPU nodes */}}
 {{/* Where a GPU-node DaemonSet runs: (dict "root" $ "component" "plugin"|"agent").
@@ -117,7 +120,10 @@ The device plugin gets plugin.nodeSelector, plugin.affinity and `tolerations`
 (the ones the webhook gives GPU pods) + plugin.extraTolerations. The agent
 must run wherever the plugin does, so by default it gets the same:
 agent.nodeSelector and agent.affinity replace the plugin's only when set, and
-agent.extraTolerations add to the plugin's tolerations. */}}
+agent.extraTolerations add to the plugin's tolerations. The device plugin keeps
+off the DRA pool (dra.enabled); the agent does not: the DRA plugin runs on the
+GPU nodes of dra.nodeSelector, a subset of the GPU node selection, and the agent
+accounts its claims' shares there too (docs/dra.md, "The agent on DRA nodes"). */}}
 {{- define "metagpu.gpuNodeScheduling" -}}
 {{- $values := .root.Values -}}
 {{- $nodeSelector := include "metagpu.gpuNodeSelector" .root | fromJson -}}
@@ -127,8 +133,9 @@ agent.extraTolerations add to the plugin's tolerations. */}}
 {{- $nodeSelector = $values.agent.nodeSelector | default $nodeSelector -}}
 {{- $affinity = $values.agent.affinity | default $affinity -}}
 {{- $tolerations = concat $tolerations ($values.agent.extraTolerations | default list) -}}
-{{- end -}}
+{{- else -}}
 {{- $affinity = include "metagpu.dra.avoidPool" (dict "root" .root "affinity" $affinity) | fromJson -}}
+{{- end -}}
 {{- with $nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}

@@ -1,5 +1,5 @@
 """The chart's DRA mode (issue 29, item 2): the DRA plugin on one node pool, the device
-plugin and agent off it, the DeviceClass as captured, the webhook's mode and the
+plugin off it (the agent on both), the DeviceClass as captured, the webhook's mode and the
 claim-template controller's RBAC, and the values that would let a node or a pod get
 both modes refused.
 
@@ -85,7 +85,7 @@ GPU_NODES: Final = {
 
 
 @pytest.mark.parametrize("values", [DRA_POOL, DRA_NODES_ONLY], ids=["dra-mode", "dra-nodes-only"])
-def test_every_gpu_node_runs_exactly_one_plugin_and_dra_nodes_no_agent(values: Obj) -> None:
+def test_every_gpu_node_runs_exactly_one_plugin_and_the_agent(values: Obj) -> None:
     objects = render(values)
     daemonsets = {
         d["metadata"]["labels"]["app.kubernetes.io/component"]: d
@@ -100,12 +100,11 @@ def test_every_gpu_node_runs_exactly_one_plugin_and_dra_nodes_no_agent(values: O
             continue
         assert len(running) == 1, f"{node}: {running}"
         assert (running == ["dra-plugin"]) is (node == "DRA node"), f"{node}: {running}"
-        # The agent reads device-plugin allocations only: it keeps off the DRA pool.
-        agent = _schedulable(pod_spec(daemonsets["agent"]), labels)
-        assert agent is (node != "DRA node"), node
+        # The agent accounts units and claims alike: every node of either plugin has one.
+        assert _schedulable(pod_spec(daemonsets["agent"]), labels), node
 
 
-def test_the_agent_keeps_off_the_dra_pool_even_with_its_own_affinity() -> None:
+def test_the_agents_own_affinity_is_not_narrowed_to_the_device_plugin_pool() -> None:
     own = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -118,7 +117,8 @@ def test_the_agent_keeps_off_the_dra_pool_even_with_its_own_affinity() -> None:
     objects = render({**DRA_POOL, "agent": {"affinity": own}})
     agent = pod_spec(component(objects, "DaemonSet", "agent"))
     assert _schedulable(agent, {"accelerator": "nvidia", "zone": "a"})
-    assert not _schedulable(agent, {"accelerator": "nvidia", "zone": "a", DRA_LABEL[0]: "true"})
+    assert _schedulable(agent, {"accelerator": "nvidia", "zone": "a", DRA_LABEL[0]: "true"})
+    assert not _schedulable(agent, {"accelerator": "nvidia", "zone": "b", DRA_LABEL[0]: "true"})
 
 
 def test_the_dra_plugin_pod_serves_the_kubelet_dirs_at_their_host_paths() -> None:
