@@ -52,7 +52,8 @@ from typing import Any, Final, Literal
 
 import jsonpatch
 
-from plugin.api.quantity import Quantity, QuantityError, read_quantity
+from plugin.api.quantity import MIB, Quantity, QuantityError, format_mib, read_quantity
+from plugin.api.resources import DRA_MEMORY, DRA_UNITS
 from webhook.model import (
     UNCHANGED,
     Container,
@@ -82,7 +83,6 @@ from webhook.rules import (
     mutate_workload,
 )
 
-MIB: Final = 1 << 20
 GIB_IN_MIB: Final = 1024
 
 CLAIM_API_VERSION: Final = "resource.k8s.io/v1"
@@ -108,16 +108,16 @@ class Shape:
     def template_name(self, prefix: str) -> str:
         """``metagpu-50u-40gi``, ``metagpu-10gi``: deterministic, so every replica of
         the webhook and the controller agree on it without talking to each other."""
-        memory = _memory_text(self.memory_mib).lower()
+        memory = format_mib(self.memory_mib).lower()
         if self.units is None:
             return f"{prefix}-{memory}"
         return f"{prefix}-{self.units}u-{memory}"
 
     def capacity_requests(self) -> dict[str, str]:
         """``capacity.requests`` of the claim: the DRA plugin's capacity names."""
-        requests = {"memory": _memory_text(self.memory_mib)}
+        requests = {DRA_MEMORY: format_mib(self.memory_mib)}
         if self.units is not None:
-            requests["units"] = str(self.units)
+            requests[DRA_UNITS] = str(self.units)
         return dict(sorted(requests.items()))
 
 
@@ -139,13 +139,6 @@ def parse_template_name(name: str, prefix: str) -> Shape | None:
         return None  # we would have written Gi: not a name we make
     units = int(match["units"]) if match["units"] else None
     return Shape(units, memory_mib)
-
-
-def _memory_text(memory_mib: int) -> str:
-    """``40Gi`` or ``1500Mi``: the canonical Kubernetes form of a whole MiB count."""
-    if memory_mib % GIB_IN_MIB == 0:
-        return f"{memory_mib // GIB_IN_MIB}Gi"
-    return f"{memory_mib}Mi"
 
 
 def memory_for_units(units: int, *, units_per_gpu: int, dra: DraSettings) -> int:
@@ -546,7 +539,7 @@ def _unused_entry_ops(
 
 
 def _describe(shape: Shape) -> str:
-    memory = _memory_text(shape.memory_mib)
+    memory = format_mib(shape.memory_mib)
     if shape.units is None:
         return f"a GPU share of {memory} of GPU memory"
     return f"a GPU share of {shape.units} units and {memory} of GPU memory"
@@ -673,7 +666,7 @@ def _memory_mib(
     value, raw = read
     accepted = (
         f"ask for a whole number of MiB up to the GPU's "
-        f"{_memory_text(dra.gpu_memory_mib)}, such as 10Gi or 1536Mi"
+        f"{format_mib(dra.gpu_memory_mib)}, such as 10Gi or 1536Mi"
     )
     shown = _shown(raw)
     if value.numerator <= 0:
@@ -686,7 +679,7 @@ def _memory_mib(
     if mib > dra.gpu_memory_mib:
         findings.deny(
             f"{c.label}: {name} {shown} is more than a GPU has "
-            f"({_memory_text(dra.gpu_memory_mib)}, dra.gpu_memory_mib); {accepted}"
+            f"({format_mib(dra.gpu_memory_mib)}, dra.gpu_memory_mib); {accepted}"
         )
         return None
     return mib

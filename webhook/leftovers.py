@@ -61,7 +61,7 @@ from typing import Any, Final
 
 import jsonpatch
 
-from plugin.api.quantity import QuantityError, format_mib, read_quantity
+from plugin.api.quantity import MIB, QuantityError, format_mib, read_quantity
 from webhook.dra import CLAIM_ENTRY_PREFIX, Shape, parse_template_name
 from webhook.model import (
     NO_NAMESPACE_FACTS,
@@ -85,7 +85,6 @@ from webhook.model import (
 )
 from webhook.rules import WORKLOAD_TEMPLATE_PATHS, mutate_pod, mutate_workload
 
-MIB: Final = 1 << 20
 DEVICE_PLUGIN_MODE: Final = "the webhook runs in device-plugin mode"
 """How every warning here ends: why a claim the user may never have seen changed."""
 
