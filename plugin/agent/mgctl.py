@@ -282,6 +282,10 @@ def render_table(
     return "\n".join(lines)
 
 
+UNRESOLVED_SHOWN = 10
+"""Claim devices without a share named above a table; the rest are counted."""
+
+
 def describe_scope(doc: Json) -> str:
     """The line above a table: whose view this is, from which reading."""
     caller = doc.get("caller") or {}
@@ -301,6 +305,20 @@ def describe_scope(doc: Json) -> str:
         line += "  ·  pods not watched (the agent has no node name): no pod names"
     if doc.get("noGpusReason"):
         line += "\nNO GPUS on this node: {}".format(doc["noGpusReason"])
+    unresolved = doc.get("unresolvedShares") or []
+    for u in unresolved[:UNRESOLVED_SHOWN]:
+        # A DRA claim the agent cannot account for: no share, no limit, so say why.
+        line += "\nNO SHARE for {}/{}/{} (claim {}, device {}): {}".format(
+            u.get("namespace"),
+            u.get("pod"),
+            u.get("container"),
+            u.get("claim"),
+            u.get("device"),
+            u.get("reason"),
+        )
+    more = len(unresolved) - UNRESOLVED_SHOWN
+    if more > 0:
+        line += f"\n... and {more} more claim devices without a share (-o yaml lists them)"
     mps = describe_mps(doc)
     if mps is not None:
         line += "\n" + mps

@@ -146,6 +146,29 @@ def test_empty_and_stale() -> None:
     assert "holds no GPU share" in mgctl.render_devices(envelope("container", []))
 
 
+def test_claim_devices_without_a_share_are_named_with_their_reason() -> None:
+    def unresolved(n: int) -> dict[str, str]:
+        return {
+            "namespace": "ml",
+            "pod": f"p{n}",
+            "container": "main",
+            "claim": f"ml/p{n}-gpu",
+            "device": f"gpu.metagpu.io/gpu=s{n}",
+            "reason": "no CDI spec in /var/run/cdi defines it",
+        }
+
+    doc = envelope("node", []) | {"unresolvedShares": [unresolved(n) for n in range(12)]}
+    text = mgctl.render_devices(doc)
+    assert (
+        "NO SHARE for ml/p0/main (claim ml/p0-gpu, device gpu.metagpu.io/gpu=s0): "
+        "no CDI spec in /var/run/cdi defines it"
+    ) in text
+    assert "ml/p9/main" in text
+    assert "ml/p10/main" not in text
+    assert "... and 2 more claim devices without a share" in text
+    assert "NO SHARE" not in mgctl.render_devices(envelope("node", []))
+
+
 def test_container_device_table() -> None:
     doc = envelope(
         "container",
