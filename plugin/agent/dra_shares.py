@@ -46,6 +46,7 @@ from typing import Any, Final
 
 from plugin.agent.accounting import Allocation, ShareGrant, UnresolvedShare
 from plugin.agent.containers import ContainerKey
+from plugin.api.cdi_names import cdi_kind, driver_spec_prefix
 from plugin.api.resources import (
     ENV_COMPUTE_POLICY,
     ENV_MEMORY_LIMIT_MB,
@@ -55,8 +56,6 @@ from plugin.api.resources import (
 
 logger = logging.getLogger(__name__)
 
-CDI_CLASS: Final = "gpu"
-"""The DRA plugin's CDI class: its device IDs are ``<driver>/gpu=<name>``."""
 MAX_SPEC_FILES: Final = 4096
 """Spec files read per scan. A node runs a few hundred pods at most (110 by default),
 each share one file; past this the rest are reported, not read."""
@@ -92,16 +91,6 @@ class ClaimDevice:
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
-
-
-def cdi_kind(driver: str) -> str:
-    """``gpu.metagpu.io/gpu``: the driver is the CDI vendor."""
-    return f"{driver}/{CDI_CLASS}"
-
-
-def spec_file_prefix(driver: str) -> str:
-    """Every spec file of the driver starts with this (the plugin's naming)."""
-    return f"{driver}-{CDI_CLASS}_"
 
 
 def shares_of_spec(doc: Any, *, kind: str, file: str) -> tuple[SpecShare, ...]:
@@ -243,7 +232,7 @@ class DraShareReader:
 
     def _scan(self) -> tuple[dict[str, SpecShare | str], str]:
         """CDI device ID → share or reason, and the reason for an ID no file defines."""
-        prefix = spec_file_prefix(self.driver)
+        prefix = driver_spec_prefix(self.driver)
         missing = (
             f"no CDI spec in {self.cdi_dir} defines it (the DRA plugin writes one per "
             "prepared share; was the claim unprepared, or is the plugin's cdi_dir "

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from plugin.api.cdi_names import cdi_kind, driver_spec_prefix
 from plugin.api.gpus import GpuInfo
 from plugin.api.limits import memory_limit_mib, pinned_limit_env, thread_percentage
 from plugin.api.mps_clients import MountSpec, mps_client_env, mps_client_mounts
@@ -53,7 +54,6 @@ from plugin.dra.config import DraConfig
 CDI_VERSION: Final = "0.5.0"
 """The oldest spec version with everything used here (env, deviceNodes, spec-level
 edits), so containerd 1.7's vendored CDI library reads it."""
-CDI_CLASS: Final = "gpu"
 CONTROL_DEVICE_NODES: Final = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 """Nodes every CUDA process needs besides its GPU's ``/dev/nvidia<minor>``."""
 MOUNT_OPTIONS_RW: Final = ("rbind", "rw", "nosuid", "nodev")
@@ -64,11 +64,6 @@ business running set-uid programs or device files from the pipe directory. CDI
 (``specs-go`` ``Mount``: ``hostPath``, ``containerPath``, ``options``, and ``type``
 from 0.4.0) leaves the type out here: runc binds a mount whose options say ``rbind``."""
 MOUNT_OPTIONS_RO: Final = ("rbind", "ro", "nosuid", "nodev")
-
-
-def cdi_kind(driver: str) -> str:
-    """``gpu.metagpu.io/gpu``: the driver name is the CDI vendor."""
-    return f"{driver}/{CDI_CLASS}"
 
 
 def cdi_device_name(share: AllocatedShare, *, claim_uid: str) -> str:
@@ -83,7 +78,7 @@ def cdi_device_id(share: AllocatedShare, *, driver: str, claim_uid: str) -> str:
 
 def spec_file_prefix(*, driver: str, claim_uid: str) -> str:
     """Every spec file of one claim starts with this (how Unprepare finds them)."""
-    return f"{driver}-{CDI_CLASS}_{claim_uid}_"
+    return f"{driver_spec_prefix(driver)}{claim_uid}_"
 
 
 def spec_file_name(share: AllocatedShare, *, driver: str, claim_uid: str) -> str:
