@@ -27,6 +27,12 @@ resources (``pkg/scheduler/framework/preemption/preemption.go``,
 Never a pod of equal or higher priority, never for a pod with
 ``preemptionPolicy: Never``, never a pod already terminating (its units are
 leaving anyway), never a pod whose priority the extender does not know.
+
+On a node a supervised MPS daemon serves, "fits" also keeps one user per GPU
+(:mod:`plugin.extender.mps_users`, as filter and bind do): a GPU stays closed to the
+preemptor while any pod left on it runs as another user. So a victim that frees units
+on a GPU another user's pod keeps is no victim worth having, and the victims chosen
+empty a GPU of other users where the units alone would have looked enough.
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from plugin.extender import mps_users
 from plugin.extender.budgets import Budget, Disruptable, violations
 from plugin.extender.decision import PlacementMemo, PodAsk
-from plugin.extender.ledger import Ledger, NodeView
+from plugin.extender.ledger import Holding, Ledger, NodeView
 from plugin.extender.podfacts import PodDirectory, PodFacts
 from plugin.placement.pod import PodPlacement
 
@@ -83,6 +90,38 @@ class NodePlan:
 Budgets = Callable[[Iterable[str]], Sequence[Budget]]
 """The budgets of some namespaces (:meth:`plugin.extender.budgets.BudgetBook.in_namespaces`)."""
 
+UserOf = Callable[[str], mps_users.User]
+"""A holder's user by pod UID (the extender's directory), for MPS nodes."""
+
+Place = Callable[[Mapping[int, int], frozenset[str]], PodPlacement]
+"""Where the pod goes once ``released`` units (GPU position → units) are handed back by
+the pods ``gone`` (their UIDs): the node's oracle for one preemptor."""
+
+
+def _oracle(
+    ask: PodAsk,
+    view: NodeView,
+    *,
+    ledger: Ledger,
+    memo: PlacementMemo,
+    holdings: Sequence[Holding],
+    user_of: UserOf | None,
+    enforces: frozenset[str] | None,
+) -> Place:
+    """:data:`Place` for ``view``: place_pod through the memo, on an MPS node with the GPUs
+    of other users' remaining pods taken away (:func:`plugin.extender.mps_users.for_pod`)."""
+
+    def place(released: Mapping[int, int], gone: frozenset[str]) -> PodPlacement:
+        seen = ledger.view_released(view, released) if any(released.values()) else view
+        if user_of is not None and enforces:
+            left = [h for h in holdings if h.pod_uid not in gone]
+            blocked = mps_users.foreign_gpus(ask.user, left, user_of)
+            if blocked:
+                seen = mps_users.without(seen, blocked)
+        return memo.place(ask, seen)
+
+    return place
+
 
 def select_victims(
     ask: PodAsk,
@@ -94,19 +133,28 @@ def select_victims(
     budgets: Budgets,
     memo: PlacementMemo,
     spared: frozenset[str] = frozenset(),
+    user_of: UserOf | None = None,
 ) -> NodePlan | str:
     """The victims on ``node`` for ``preemptor`` (see the module), or why the node cannot help.
 
-    ``spared``: pods not to choose (their eviction was refused a moment ago).
+    ``spared``: pods not to choose (their eviction was refused a moment ago). ``user_of``:
+    the holders' users, so that an MPS node keeps one user per GPU (None: units only).
     """
     view = ledger.view_for(node, pod_uid=preemptor.uid, priority=preemptor.priority)
     if isinstance(view, str):
         return view
-    now = memo.place(ask, view)
+    enforces = ledger.enforces(node) if user_of is not None else None
+    if enforces and ask.user == mps_users.MIXED:
+        return mps_users.mixed_refusal()
+    holdings = ledger.holdings(node)
+    place = _oracle(
+        ask, view, ledger=ledger, memo=memo, holdings=holdings, user_of=user_of, enforces=enforces
+    )
+    now = place({}, frozenset())
     if now.fits:
         return NodePlan(node, (), 0, _taken(now, view))
     candidates: list[Victim] = []
-    for holding in ledger.holdings(node):
+    for holding in holdings:
         facts = directory.get(holding.pod_uid)
         if (
             facts is None
@@ -129,7 +177,7 @@ def select_victims(
     if not candidates:
         return "no pod of lower priority holds units on this node's GPUs"
     released = _sum_units(candidates)
-    everything = memo.place(ask, ledger.view_released(view, released))
+    everything = place(released, frozenset(v.uid for v in candidates))
     if not everything.fits:
         return (
             f"preempting all {len(candidates)} lower-priority pod(s) here would not help: "
@@ -144,49 +192,51 @@ def select_victims(
     violating = [v for v, f in zip(ordered, flags, strict=True) if f]
     rest = [v for v, f in zip(ordered, flags, strict=True) if not f]
     for shortcut in (True, False):
-        plan = _reprieve(ask, view, ledger, memo, violating, rest, released, everything, shortcut)
+        plan = _reprieve(place, violating, rest, released, everything, shortcut=shortcut)
         if plan is not None:
             victims, kept, final = plan
             return NodePlan(node, victims, kept, _taken(final, view))
     return "no set of lower-priority pods here lets the pod fit"  # pragma: no cover
 
 
-def _reprieve(  # noqa: PLR0917 - one private step of select_victims
-    ask: PodAsk,
-    view: NodeView,
-    ledger: Ledger,
-    memo: PlacementMemo,
+def _reprieve(
+    place: Place,
     violating: list[Victim],
     rest: list[Victim],
     released: dict[int, int],
     placed: PodPlacement,
+    *,
     shortcut: bool,
 ) -> tuple[tuple[Victim, ...], int, PodPlacement] | None:
     """Give candidates back, most important first; the rest are the victims.
 
     ``shortcut``: a candidate holding units only on GPUs the current placement does not
     use is given back without asking place_pod (taking units the pod does not use cannot
-    make it stop fitting: fitting is monotone in free units), so a node of 8 GPUs costs
-    a few placements, not one per pod. The final placement is asked for all the same;
-    should it not fit, the caller runs this again without the shortcut.
+    make it stop fitting: fitting is monotone in free units, and a GPU an MPS user rule
+    closes is one the placement does not use either), so a node of 8 GPUs costs a few
+    placements, not one per pod. The final placement is asked for all the same; should
+    it not fit, the caller runs this again without the shortcut.
     """
     victims: list[Victim] = []
     violating_victims = 0
+    gone = {v.uid for v in (*violating, *rest)}
     using = {int(pos) for pos, n in placed.taken.items() if n}
     for group, violates in ((violating, True), (rest, False)):
         for v in group:
             if shortcut and not using.intersection(v.units):
                 released = {pos: n - v.units.get(pos, 0) for pos, n in released.items()}
+                gone.discard(v.uid)
                 continue
             trial = {pos: n - v.units.get(pos, 0) for pos, n in released.items()}
-            attempt = memo.place(ask, ledger.view_released(view, trial))
+            attempt = place(trial, frozenset(gone - {v.uid}))
             if attempt.fits:
                 released = trial  # reprieved: the pod fits with this one kept
+                gone.discard(v.uid)
                 using = {int(pos) for pos, n in attempt.taken.items() if n}
             else:
                 victims.append(v)
                 violating_victims += violates
-    final = memo.place(ask, ledger.view_released(view, released))
+    final = place(released, frozenset(gone))
     if not final.fits:
         return None
     victims.sort(key=lambda v: -v.priority)
@@ -240,6 +290,7 @@ def search_nodes(
     memo: PlacementMemo,
     spared: frozenset[str] = frozenset(),
     wanted: int,
+    user_of: UserOf | None = None,
 ) -> Search:
     """The best node to evict on, among ``names`` (``DryRunPreemption`` then
     ``pickOneNodeForPreemption``), for the extender's own evictions: only plans that
@@ -265,6 +316,7 @@ def search_nodes(
             budgets=budgets,
             memo=memo,
             spared=spared,
+            user_of=user_of,
         )
         if isinstance(plan, str):
             if len(refused) < 8:

@@ -384,6 +384,7 @@ class ExtenderCore:
                 budgets=self.budgets.in_namespaces,
                 memo=self.memo,
                 spared=spared,
+                user_of=self._user_of,
             )
             if isinstance(plan, str):
                 continue
@@ -446,6 +447,7 @@ class ExtenderCore:
             memo=self.memo,
             spared=self.book.spared(now),
             wanted=candidates_wanted(len(failed)),
+            user_of=self._user_of,
         )
         plan = found.plan
         if plan is None:

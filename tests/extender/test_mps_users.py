@@ -8,15 +8,16 @@ user, or that nobody holds; a pod that could only wait is refused with the reaso
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from plugin.api.scheduling import NodeLedger
+from plugin.api.scheduling import GpuHolder, GpuLedgerEntry, NodeLedger
 from plugin.extender.mps_users import MIXED, pod_user
 from plugin.extender.podfacts import PodFacts
 from plugin.extender.pods import container_requests
-from plugin.extender.protocol import parse_args
+from plugin.extender.protocol import parse_args, parse_preemption
 from plugin.extender.service import ExtenderCore
 from tests.extender.builders import RESOURCE, ledger, pod
 
@@ -142,3 +143,76 @@ def test_prioritize_scores_the_gpus_the_pod_may_use() -> None:
     }
     # n: 70 fill GPU 1 exactly (10); m: GPU 1 is another user's, the 70 go to GPU 2 (7)
     assert scores == {"n": 10, "m": 7}
+
+
+# ------------------------------------------------------------------ preemption
+def mps_ledger(*gpus: Sequence[tuple[str, int]]) -> str:
+    """An MPS node "m" whose GPU ``i`` is held by ``gpus[i]`` (pod UID, units) pairs."""
+    return NodeLedger(
+        resource=RESOURCE,
+        units_per_gpu=100,
+        enforces=("memory",),
+        gpus=tuple(
+            GpuLedgerEntry(
+                uuid=f"GPU-m-{i}",
+                index=i,
+                units=100,
+                healthy=True,
+                holders=tuple(
+                    GpuHolder(pod_uid=uid, namespace="ns", pod=uid, container="c", units=n)
+                    for uid, n in held
+                ),
+            )
+            for i, held in enumerate(gpus)
+        ),
+    ).model_dump_json()
+
+
+def core_for_preemption() -> ExtenderCore:
+    """GPU 0: a-low (UID 1000, priority 0, 40) beside a-high (UID 1000, priority 100, 20);
+    GPU 1: b-low (UID 2000, priority 10, 60). Both GPUs have 40 free."""
+    core = ExtenderCore(resource=RESOURCE, bulk=True)
+    core.ledger.set_node("m", mps_ledger([("a-low", 40), ("a-high", 20)], [("b-low", 60)]))
+    for uid, priority, user in (("a-low", 0, 1000), ("a-high", 100, 1000), ("b-low", 10, 2000)):
+        core.directory.put(PodFacts(uid, "ns", uid, priority, True, user=user))
+    return core
+
+
+def preempt_for(core: ExtenderCore, user: int) -> dict[str, Any]:
+    """The preempt verb for a 50-unit pod of priority 50 running as ``user``, offered node m."""
+    preemptor = with_user(pod(50, uid=f"u{user}"), user)
+    preemptor["spec"]["priority"] = 50
+    args = parse_preemption(
+        {
+            "Pod": preemptor,
+            "NodeNameToMetaVictims": {"m": {"Pods": [{"UID": "a-low"}], "NumPDBViolations": 0}},
+        }
+    )
+    answer: dict[str, Any] = core.preempt(args, now=0.0)
+    return answer
+
+
+def victims(answer: dict[str, Any]) -> list[str]:
+    return [p["UID"] for p in answer["NodeNameToMetaVictims"].get("m", {}).get("Pods", [])]
+
+
+def test_preemption_empties_a_gpu_of_other_users_not_just_of_units() -> None:
+    """By units alone a-low is the victim (b-low, of higher priority, is spared first): GPU 0
+    would have 80 free. But a-high stays there and runs as UID 1000, so a pod of UID 3000
+    could only wait on GPU 0 after the eviction. The victim that helps is b-low: GPU 1 is
+    then nobody's."""
+    assert victims(preempt_for(core_for_preemption(), 3000)) == ["b-low"]
+
+
+def test_a_preemptor_of_the_holders_user_may_share_their_gpu() -> None:
+    """UID 1000 may join a-high on GPU 0: evicting a-low (the lower priority) is enough."""
+    assert victims(preempt_for(core_for_preemption(), 1000)) == ["a-low"]
+
+
+def test_preemption_that_cannot_give_the_pod_a_gpu_of_its_own_user_evicts_nobody() -> None:
+    """Every GPU keeps a higher-priority pod of another user: no victim helps."""
+    core = ExtenderCore(resource=RESOURCE, bulk=True)
+    core.ledger.set_node("m", mps_ledger([("a-low", 40), ("a-high", 20)], [("b-high", 60)]))
+    for uid, priority, user in (("a-low", 0, 1000), ("a-high", 100, 1000), ("b-high", 100, 2000)):
+        core.directory.put(PodFacts(uid, "ns", uid, priority, True, user=user))
+    assert victims(preempt_for(core, 3000)) == []
