@@ -188,8 +188,7 @@ def preempt_for(core: ExtenderCore, user: int) -> dict[str, Any]:
             "NodeNameToMetaVictims": {"m": {"Pods": [{"UID": "a-low"}], "NumPDBViolations": 0}},
         }
     )
-    answer: dict[str, Any] = core.preempt(args, now=0.0)
-    return answer
+    return dict(core.preempt(args, now=0.0))
 
 
 def victims(answer: dict[str, Any]) -> list[str]:
