@@ -56,6 +56,10 @@ COMMAND_MODULES: Final[dict[str, tuple[str, str]]] = {
         "GPU-hours allocated and used, and right-sizing, from Prometheus",
     ),
     "top": ("metagpu.top", "a live view of this node's GPUs and shares, like top"),
+    "cleanup": (
+        "metagpu.cleanup.cli",
+        "remove the node labels, Leases and claim templates metagpu wrote (uninstall hook)",
+    ),
 }
 
 

@@ -26,7 +26,17 @@ from typing import Any, Final
 
 from plugin.agent.accounting import GpuView, Snapshot
 from plugin.api.config import DeviceIdStrategy
-from plugin.api.scheduling import GpuHolder, GpuLedgerEntry, NodeLedger
+from plugin.api.scheduling import (
+    ANNOTATION_GPU_LEDGER,
+    ANNOTATION_LEDGER_REFRESH,
+    GpuHolder,
+    GpuLedgerEntry,
+    NodeLedger,
+)
+
+OWNED_ANNOTATIONS: Final = (ANNOTATION_GPU_LEDGER, ANNOTATION_LEDGER_REFRESH)
+"""Node annotations the agent writes (:class:`plugin.agent.kube.LedgerPublisher`); with
+:data:`plugin.agent.labels.OWNED_LABELS`, what ``metagpu cleanup`` removes at uninstall."""
 
 DEFAULT_LEDGER_MAX_BYTES: Final = 64 * 1024
 """A quarter of the 256 KiB the API server allows for all of an object's annotations."""

@@ -7,7 +7,8 @@ faithful where our code can notice the difference:
 
 * the URL layout of core (``/api/v1``) and group (``/apis/<g>/<v>``) resources,
   namespaced and cluster-scoped, with ``/status`` subresources;
-* get, list (label and field selectors), create (``generateName``), replace
+* get, list (label and field selectors; ``limit``/``continue`` paging), create
+  (``generateName``), replace
   (PUT, with optimistic concurrency: a stale ``metadata.resourceVersion`` is a
   409 Conflict), JSON Patch, merge patch and strategic merge patch (lists of
   objects with a ``name`` merge by name, as ``containers`` and ``webhooks`` do),
@@ -361,17 +362,28 @@ class FakeKubeApi:
         if verb == "watch":
             return await self._watch(request, rtype, ns, query)
         if verb == "list":
-            items = [
-                copy.deepcopy(o)
-                for (ons, _), o in sorted(store.items())
-                if (ns is None or ons == ns) and _selected(o, query)
+            selected = [
+                (key, o)
+                for key, o in sorted(store.items())
+                if (ns is None or key[0] == ns) and _selected(o, query)
             ]
+            list_meta: Obj = {"resourceVersion": str(self._current_rv())}
+            if query.get("continue"):
+                after = tuple(json.loads(query["continue"]))
+                selected = [(key, o) for key, o in selected if key > after]
+            if query.get("limit") and int(query["limit"]) < len(selected):
+                # Paging as the API server does it: an opaque token (here the last
+                # key served) and the count still to come.
+                rest = len(selected) - int(query["limit"])
+                selected = selected[: int(query["limit"])]
+                list_meta["continue"] = json.dumps(list(selected[-1][0]))
+                list_meta["remainingItemCount"] = rest
             return web.json_response(
                 {
                     "kind": f"{rtype.kind}List",
                     "apiVersion": rtype.api_version,
-                    "metadata": {"resourceVersion": str(self._current_rv())},
-                    "items": items,
+                    "metadata": list_meta,
+                    "items": [copy.deepcopy(o) for _, o in selected],
                 }
             )
         if verb == "create":

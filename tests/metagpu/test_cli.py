@@ -56,6 +56,11 @@ def test_every_command_has_help(name: str) -> None:
         pytest.param("mutate", ("grpc", "pynvml", "aiohttp"), id="mutate-is-offline"),
         pytest.param("certs", ("grpc", "pynvml"), id="certs-never-loads-grpc-or-nvml"),
         pytest.param("device-plugin", ("aiohttp",), id="plugin-never-loads-aiohttp"),
+        pytest.param(
+            "cleanup",
+            ("grpc", "pynvml", "kubernetes_asyncio", "aiohttp"),
+            id="cleanup-help-loads-no-api-client",
+        ),
     ],
 )
 def test_building_a_command_imports_only_its_component(
