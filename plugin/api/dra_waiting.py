@@ -255,6 +255,20 @@ def _mem(value: Decimal) -> str:
     return format_mib(int(value // MIB))
 
 
+MAX_NODE_NAMES: Final = 3
+"""Node names spelled out per sentence; the rest are counted, so that the reason, which
+follows the names, always fits the Event's 1 KiB note (1,000 nodes with one sentence
+would otherwise fill it with names)."""
+
+
+def _nodes(names: Sequence[str]) -> str:
+    """``node-a, node-b``; ``n0, n1, n10 and 997 more nodes``."""
+    if len(names) <= MAX_NODE_NAMES:
+        return ", ".join(names)
+    rest = len(names) - MAX_NODE_NAMES
+    return f"{', '.join(names[:MAX_NODE_NAMES])} and {rest} more node{'s' if rest != 1 else ''}"
+
+
 MAX_NODE_GROUPS: Final = 5
 """Sentences per claim in :func:`pod_waiting_words`; an Event's note holds 1 KiB, and
 after five differing nodes the rest add little (their count is still given)."""
@@ -349,7 +363,7 @@ class WaitingBoard:
             if not by_words:
                 continue  # fits every node alone; another claim of the pod does not
             groups = sorted(by_words.items(), key=lambda item: item[1])
-            shown = [f"{', '.join(ns)}: {words}" for words, ns in groups[:MAX_NODE_GROUPS]]
+            shown = [f"{_nodes(ns)}: {words}" for words, ns in groups[:MAX_NODE_GROUPS]]
             more = sum(len(ns) for _, ns in groups[MAX_NODE_GROUPS:])
             tail = f"; and {more} more node{'s' if more != 1 else ''}" if more else ""
             name = (claim.get("metadata") or {}).get("name")

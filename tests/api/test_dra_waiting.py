@@ -282,3 +282,17 @@ def test_one_board_for_many_pods_says_what_one_board_per_pod_says() -> None:
         )
         assert board.pod_words(pending["pod"], claims) == alone
         assert (alone is None) == (units <= 100)  # node-b has a whole GPU free
+
+
+def test_many_nodes_with_one_sentence_leave_room_for_the_reason() -> None:
+    """1,000 nodes with the same figures would fill the Event's 1 KiB note with their names
+    before the reason; the names past three are counted instead."""
+    pending = load("event-70-units-unschedulable.json")
+    nodes = [f"node-{i}" for i in range(5)]
+    slices = [on_node(node_slice(), n) for n in nodes]
+    allocated = [on_node(load(s), n) for n in nodes for s in SIXTIES]
+    words = explain(pending, slices=slices, allocated=allocated)
+    assert words is not None
+    assert words.startswith(
+        "claim p70-gpu-nd7kc: node-0, node-1, node-2 and 2 more nodes: no single GPU has 70"
+    )

@@ -11,6 +11,8 @@ import datetime as dt
 from pathlib import Path
 from typing import Any, Final
 
+import pytest
+
 from certs.kube import open_api_client
 from plugin.api.permissions import verb_set
 from tests.harness.kube_api import FakeKubeApi, running_kube_api
@@ -18,6 +20,7 @@ from tests.plugin.dra.fixtures import DRIVER, load
 from tests.webhook.builders import settings
 from tests.webhook.quotas.harness import FAST, write_kubeconfig
 from tests.webhook.waiting import eventually
+from webhook import dra_waiting
 from webhook.claimtemplate_controller import run_claim_templates
 from webhook.config import KubernetesConfig
 from webhook.dra_waiting import ExplainSettings, WaitingExplainer, WaitingPods
@@ -219,3 +222,21 @@ async def test_the_leader_explains_waiting_pods_and_brings_the_reason_up_to_date
     declared |= verb_set(WAITING_POD_PERMISSIONS)
     assert fake.verbs_used() <= declared
     assert verb_set(WAITING_POD_PERMISSIONS) <= fake.verbs_used()
+
+
+async def test_lists_are_read_page_by_page(
+    kube_api: tuple[FakeKubeApi, str], kube_config_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims and slices come in pages (limit/continue), so a cluster of 10,000 claims never
+    sits in the webhook's memory as one body; the words are the same."""
+    monkeypatch.setattr(dra_waiting, "PAGE_SIZE", 1)
+    fake, _ = kube_api
+    pod = put_captured_state(fake)
+    pods = WaitingPods()
+    pods.listed([pod])
+    async with open_api_client() as (api, _):
+        assert await explainer(api, pods).explain() == 1
+    (event,) = fake.objects(*EVENT)
+    assert event["note"] == P70_NOTE
+    claim_lists = [r for r in fake.requests if r.resource == "resourceclaims"]
+    assert len(claim_lists) == 3  # three claims, one per page
