@@ -240,3 +240,22 @@ async def test_lists_are_read_page_by_page(
     assert event["note"] == P70_NOTE
     claim_lists = [r for r in fake.requests if r.resource == "resourceclaims"]
     assert len(claim_lists) == 3  # three claims, one per page
+
+
+def test_the_collector_is_paused_for_a_pass_and_always_restored() -> None:
+    import gc
+
+    assert gc.isenabled()
+    with dra_waiting.collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), dra_waiting.collector_paused():
+        raise RuntimeError("a failed list")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with dra_waiting.collector_paused():
+            pass
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
