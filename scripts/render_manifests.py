@@ -2,8 +2,10 @@
 
 ``manifests/metagpu.yaml`` is ``helm template`` of ``chart/`` with its default
 values (bootstrap certificates); ``manifests/metagpu-cert-manager.yaml`` is
-the same with ``certs.mode=cert-manager``. Both start with the Namespace, so
-``kubectl apply -f manifests/metagpu.yaml`` is a complete install.
+the same with ``certs.mode=cert-manager``. Neither has the uninstall cleanup Job
+(``cleanup.enabled=false``: a post-delete hook means nothing to kubectl). Both
+start with the Namespace, so ``kubectl apply -f manifests/metagpu.yaml`` is a
+complete install.
 
 The helm binary is the pinned one in ``.tools/bin`` (``make tools``), never
 whatever is on PATH: another helm version may order or format objects
@@ -33,6 +35,12 @@ RELEASE: Final = "metagpu"
 NAMESPACE: Final = "metagpu"
 
 
+NO_CLEANUP_HOOK: Final = "cleanup.enabled=false"
+"""The chart's uninstall cleanup is a post-delete hook: ``kubectl apply`` knows no hooks and
+would run it at once, stripping the labels the agent is about to write. Static installs
+remove those by hand (docs/install.md, "Uninstall")."""
+
+
 @dataclass(frozen=True)
 class Manifest:
     """One rendered file: where it goes and the values that differ from the defaults."""
@@ -46,11 +54,12 @@ MANIFESTS: Final = (
     Manifest(
         "metagpu.yaml",
         "default values; webhook certificates from the built-in bootstrap job",
+        (NO_CLEANUP_HOOK,),
     ),
     Manifest(
         "metagpu-cert-manager.yaml",
         "webhook certificates from cert-manager (install cert-manager first)",
-        ("certs.mode=cert-manager",),
+        ("certs.mode=cert-manager", NO_CLEANUP_HOOK),
     ),
 )
 

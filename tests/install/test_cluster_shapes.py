@@ -25,11 +25,12 @@ from plugin.agent.labels import OWNED_LABELS
 from plugin.api.chart_values import CHART_VALUES, HOST_PATH_VALUES
 from plugin.api.config import PluginConfig
 from plugin.api.resources import MGCTL_FILE_NAME
-from plugin.api.scheduling import ANNOTATION_GPU_LEDGER
+from plugin.api.scheduling import ANNOTATION_GPU_LEDGER, ANNOTATION_LEDGER_REFRESH
 from plugin.gpu.health_file import HEALTH_FILE_NAME
 from plugin.gpu.simulated import SimulatedGpusFile
 from tests.install.chart import (
     CHART_DIR,
+    DRA_POOL,
     NAMESPACE,
     RELEASE,
     REPO_ROOT,
@@ -95,6 +96,7 @@ PLACEMENT: Final = {
     "Job/metagpu-certs-secret": ("certs.nodeSelector", "certs.tolerations", "certs.affinity"),
     "Job/metagpu-certs-cabundle": ("certs.nodeSelector", "certs.tolerations", "certs.affinity"),
     "CronJob/metagpu-certs-renew": ("certs.nodeSelector", "certs.tolerations", "certs.affinity"),
+    "Job/metagpu-cleanup": ("cleanup.nodeSelector", "cleanup.tolerations", "cleanup.affinity"),
 }
 MARK_TOLERATION: Final = {
     "key": "example.com/dedicated",
@@ -176,8 +178,11 @@ def test_by_default_only_the_gpu_node_pods_tolerate_the_gpu_taint() -> None:
 def test_on_a_tainted_single_node_every_pod_and_hook_can_run(values: Obj) -> None:
     specs = pod_specs(render(values))
     hooks = [p for p in specs if p.startswith(("Job/", "CronJob/"))]
+    # The certificate Jobs and CronJob (bootstrap mode), and the uninstall cleanup.
     if values.get("certs", {}).get("mode") != "cert-manager":
-        assert len(hooks) == 3, sorted(specs)
+        assert len(hooks) == 4, sorted(specs)
+    else:
+        assert hooks == ["Job/metagpu-cleanup"]
     for pod, spec in specs.items():
         assert tolerates(spec, GPU_TAINT), f"{pod} would stay Pending on the tainted node"
         # ... and also the taint cloud GPU node pools carry.
@@ -309,27 +314,39 @@ def test_the_uninstall_table_names_every_leftover() -> None:
     section = guide.split("\n## Uninstall\n", 1)[1].split("\n## ", 1)[0]
     leases = {
         name
-        for obj in render({})
+        for obj in render(DRA_POOL)
         if obj["kind"] == "Role"
+        and obj["metadata"]["labels"]["app.kubernetes.io/component"] != "cleanup"
         for rule in obj.get("rules", [])
         if "leases" in rule.get("resources", [])
         for name in rule.get("resourceNames", [])
     }
-    assert leases == {"metagpu-quota-mirror", "metagpu-scheduler"}
+    assert leases == {"metagpu-quota-mirror", "metagpu-scheduler", "metagpu-claim-templates"}
     short_labels = [label.split("/", 1)[1] for label in OWNED_LABELS]
+    by_hand = [line for line in section.splitlines() if "delete lease" in line]
     wanted = [
-        *(f"Lease `{lease}`" for lease in sorted(leases)),
-        *(f"delete lease {lease}" for lease in sorted(leases)),
+        *(f"`{lease}`" for lease in sorted(leases)),
         f"`{ANNOTATION_GPU_LEDGER}`",
+        f"`{ANNOTATION_LEDGER_REFRESH}`",
         f"{ANNOTATION_GPU_LEDGER}-",
+        f"{ANNOTATION_LEDGER_REFRESH}-",
         *short_labels,
+        *(f"{label}-" for label in OWNED_LABELS),
         f"/var/run/metagpu/{MGCTL_FILE_NAME}",
         HEALTH_FILE_NAME,
     ]
     missing = [w for w in wanted if w not in section]
+    missing += [
+        f"delete lease … {lease}" for lease in leases if not any(lease in c for c in by_hand)
+    ]
     assert not missing, missing
-    rows = [line for line in section.splitlines() if line.startswith("| ")]
-    assert all(line.count("|") == 5 for line in rows), "every row says where, why and how"
+    removed, stays = section.split("| What stays |", 1)
+    assert all(line.count("|") == 4 for line in removed.splitlines() if line.startswith("| ")), (
+        "every row the hook removes says where and how"
+    )
+    assert all(line.count("|") == 5 for line in stays.splitlines() if line.startswith("| ")), (
+        "every row that stays says where, why and how"
+    )
 
 
 def test_the_readme_kind_pod_gets_half_a_gpu_from_the_kind_install(tmp_path: Path) -> None:

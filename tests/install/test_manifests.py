@@ -87,6 +87,19 @@ def test_each_manifest_is_a_complete_install(name: str, mode: str) -> None:
         assert annotations["cert-manager.io/inject-ca-from"].startswith(f"{NAMESPACE}/")
 
 
+@pytest.mark.parametrize("name", ["metagpu.yaml", "metagpu-cert-manager.yaml"])
+def test_no_manifest_carries_the_uninstall_cleanup(name: str) -> None:
+    # kubectl knows no hooks: a post-delete Job in a static manifest would run at apply
+    # time and strip the labels the agent is about to write.
+    objects = load(name)
+    assert not [
+        o
+        for o in objects
+        if "delete" in o["metadata"].get("annotations", {}).get("helm.sh/hook", "")
+        or o["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "cleanup"
+    ]
+
+
 def test_manifest_header_says_how_it_was_made() -> None:
     header = (MANIFESTS / "metagpu.yaml").read_text().splitlines()[:3]
     assert any("scripts/render_manifests.py" in line for line in header)

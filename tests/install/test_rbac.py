@@ -385,6 +385,28 @@ def test_cert_manager_mode_has_no_bootstrap_rbac() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({}, id="defaults"),
+        pytest.param(DRA_POOL, id="dra-mode"),
+        pytest.param({**EVERYTHING, **DRA_POOL, "fullnameOverride": "gpus"}, id="dra-renamed"),
+    ],
+)
+def test_cleanup_rbac_is_exactly_its_permissions_for_the_flags_it_is_given(values: Obj) -> None:
+    from metagpu.cleanup.permissions import permissions_for
+    from tests.install.chart import flags
+
+    objects = render(values)
+    [job] = [
+        o for o in find(objects, "Job") if pod_spec(o)["containers"][0]["args"][0] == "cleanup"
+    ]
+    spec = pod_spec(job)
+    args = spec["containers"][0]["args"]
+    declared = permissions_for(leases=flags(args, "--lease"), dra="--dra" in args)
+    assert_exactly(grants(objects, spec["serviceAccountName"]), declared, who="cleanup")
+
+
 def test_every_service_account_is_used_and_none_is_shared() -> None:
     objects = render(EVERYTHING)
     used = [
