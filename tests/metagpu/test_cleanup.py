@@ -316,3 +316,14 @@ async def test_an_unreachable_api_server_does_not_block_the_uninstall(
 def test_bad_timeouts_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cleanup", "--timeout-s", "0"]) == 2
     assert "--timeout-s must be more than 0" in capsys.readouterr().err
+
+
+def test_no_credentials_is_reported_not_raised(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["cleanup", "--kubeconfig", str(tmp_path / "missing"), "--lease", "x"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "1 failed" in out
+    assert "no Kubernetes credentials" in out
+    assert main([*argv, "--strict"]) == 1
