@@ -4,8 +4,9 @@ Two dashboards (docs/monitoring.md, "Dashboards"):
 
 * ``metagpu-cluster.json``: GPUs by node (units allocated, memory and SM used,
   health, conflicts), shares per namespace, scheduling (the extender's
-  refusals, binds, preemptions), webhook and extender latency and errors, the
-  certificate's time left, the agents' inputs;
+  refusals, binds, preemptions), DRA mode's waiting and unplaceable pods and
+  unresolved shares, webhook and extender latency and errors, the certificate's
+  time left, the agents' inputs;
 * ``metagpu-node.json``: one node's GPUs and, per GPU, the containers holding
   shares with their memory used against their limit.
 
@@ -473,6 +474,39 @@ def cluster() -> dict[str, Any]:
             ),
         ],
         w=8,
+    )
+
+    p.row("DRA mode")
+    p.add(
+        "timeseries",
+        "DRA pods waiting",
+        [
+            ("max(metagpu_webhook_dra_waiting_pods)", "waiting (Unschedulable)"),
+            ("max(metagpu_webhook_dra_unplaceable_pods)", "no GPU can take the share"),
+        ],
+        w=12,
+        description="Pending pods naming resource claims that the scheduler marked "
+        "Unschedulable, and of those the ones no GPU of the DRA pool has room for "
+        "(MetagpuDraPodsUnplaceable; `kubectl describe pod` shows their NoGpuShareFits "
+        "Event). The leading webhook replica counts them, the others report 0: max. "
+        "0 outside DRA mode.",
+    )
+    # `or on () vector(0)`: a 0 where every share resolves (or no node is in DRA mode),
+    # per node otherwise, rather than a panel with no data.
+    p.add(
+        "timeseries",
+        "DRA shares the agents cannot resolve",
+        [
+            (
+                f"count by (node) (metagpu_share_unresolved{{{NODE}}}) or on () vector(0)",
+                "{{node}}",
+            )
+        ],
+        w=12,
+        description="Claim devices of the DRA driver whose share the node's agent cannot "
+        "tell (no CDI spec, an unreadable one, a GPU not on the node): no share metrics, "
+        "showback or enforcement for those containers (MetagpuDraShareUnresolved; "
+        "`mgctl` lists them under unresolvedShares with the reason).",
     )
 
     p.row("Latency and errors")

@@ -30,6 +30,7 @@ from plugin.kube.listwatch import WATCH_TIMEOUT_S, ListWatch
 from webhook.claimtemplates import GC_AFTER_S, Action, Create, Delete, plan_namespace, pod_shapes
 from webhook.dra import MANAGED_BY, MANAGED_BY_LABEL, Shape
 from webhook.dra_waiting import ExplainSettings, WaitingExplainer, WaitingPods
+from webhook.metrics import DraWaitingStats
 from webhook.model import DraSettings
 from webhook.namespace_queue import NamespaceQueue, apply_change, index_by_namespace
 from webhook.quotas.calls import Answer, call_api, raw_options
@@ -253,9 +254,11 @@ async def run_claim_templates(
     watch_timeout_s: int = WATCH_TIMEOUT_S,
     on_change: Any = None,
     explain: ExplainSettings | None = None,
+    metrics: DraWaitingStats | None = None,
 ) -> None:
     """The controller under leader election, until cancelled (then the Lease is
-    released); with ``explain``, the waiting-pod Events under the same leadership."""
+    released); with ``explain``, the waiting-pod Events under the same leadership,
+    reported to ``metrics`` while this replica leads."""
     pods = WaitingPods()
     controller = ClaimTemplateController(
         api,
@@ -282,6 +285,7 @@ async def run_claim_templates(
         device_class=dra.device_class_name,
         reporting_instance=identity,
         refresh_s=explain.refresh_s,
+        metrics=metrics,
     )
 
     async def lead() -> None:

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from webhook.claimtemplate_controller import run_claim_templates
 from webhook.config import WebhookConfig
 from webhook.dra_waiting import ExplainSettings
+from webhook.metrics import DraWaitingStats
 from webhook.model import DraSettings
 from webhook.namespaces import KubernetesUnavailableError, cluster_wanted, new_api_client
 from webhook.quotas.leader import default_identity
@@ -50,8 +51,11 @@ async def claim_templates(
     *,
     env: Mapping[str, str],
     on_change: Callable[[bool], None] | None = None,
+    metrics: DraWaitingStats | None = None,
 ) -> AsyncIterator[asyncio.Task[None] | None]:
-    """Run the controller in the background when wanted; yields its task (None when off)."""
+    """Run the controller in the background when wanted; yields its task (None when off).
+
+    ``metrics`` gets the waiting-pod explainer's figures while this replica leads."""
     if not controller_wanted(config, env):
         if config.mode == "dra":
             logger.warning(
@@ -80,6 +84,7 @@ async def claim_templates(
             timing=lease_timing(config),
             on_change=on_change,
             explain=explain_settings(config),
+            metrics=metrics,
         ),
         name="metagpu-claim-templates-election",
     )

@@ -32,6 +32,11 @@ How it runs, and why so:
 
 Writing an Event is never worth a crash: a failed list or write is logged and tried
 again next pass.
+
+**Metrics** (:class:`~webhook.metrics.DraWaitingStats`, when given one): the pods tracked,
+those no GPU can take as of the last pass, the Events written or failed and each pass's
+duration. Only the explainer (this adapter) reports them; :class:`WaitingPods` and
+:func:`notes_for` stay pure. While this replica does not lead, its figures read 0.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import contextlib
 import datetime as dt
 import gc
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +57,7 @@ import orjson
 from kubernetes_asyncio import client
 
 from plugin.api.dra_waiting import WaitingBoard
+from webhook.metrics import DraWaitingStats, PassOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +147,7 @@ class WaitingExplainer:
         max_events_per_pass: int = MAX_EVENTS_PER_PASS,
         timeout_s: float = 10.0,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        metrics: DraWaitingStats | None = None,
     ) -> None:
         self._resource = client.ResourceV1Api(api)
         self._events = client.EventsV1Api(api)
@@ -151,12 +159,25 @@ class WaitingExplainer:
         self._max_events = max_events_per_pass
         self._timeout_s = timeout_s
         self._clock = clock
+        self._metrics = metrics
         self._said: dict[str, str] = {}
         """Pod UID → the note last written, so an unchanged reason is not repeated."""
 
     async def run(self) -> None:
-        """Until cancelled: a pass when woken, or every ``refresh_s`` while pods wait."""
+        """Until cancelled: a pass when woken, or every ``refresh_s`` while pods wait.
+
+        Runs only while this replica leads, so the metrics report its pods from here
+        and go back to 0 when it stops (the Lease lost, shutdown)."""
         self._said = {}
+        if self._metrics is not None:
+            self._metrics.lead(lambda: len(self._pods))
+        try:
+            await self._loop()
+        finally:
+            if self._metrics is not None:
+                self._metrics.follow()
+
+    async def _loop(self) -> None:
         while True:
             if len(self._pods):
                 with contextlib.suppress(TimeoutError):
@@ -180,10 +201,29 @@ class WaitingExplainer:
         uids = self._pods.uids()
         self._said = {uid: note for uid, note in self._said.items() if uid in uids}
         if not waiting:
+            if self._metrics is not None:
+                self._metrics.judged(0)
             return 0
+        started = time.perf_counter()
+        try:
+            written = await self._pass(waiting)
+        except Exception:  # timed out or a list failed: the caller logs it (not a cancel)
+            self._timed("error", started)
+            raise
+        self._timed("ok", started)
+        return written
+
+    def _timed(self, outcome: PassOutcome, started: float) -> None:
+        if self._metrics is not None:
+            self._metrics.passed(outcome, time.perf_counter() - started)
+
+    async def _pass(self, waiting: Sequence[Obj]) -> int:
+        """Judge ``waiting`` and write the Events that changed (:meth:`explain` times it)."""
         with collector_paused():
             async with asyncio.timeout(PASS_TIMEOUT_S):
                 notes = await self._judge(waiting)
+        if self._metrics is not None:
+            self._metrics.judged(len(notes))
         written = 0
         for pod, note in notes:
             uid = str(pod["metadata"]["uid"])
@@ -272,7 +312,11 @@ class WaitingExplainer:
             logger.warning(
                 "could not record why a pod waits: %s", exc, extra={"pod": f"{namespace}/{name}"}
             )
+            if self._metrics is not None:
+                self._metrics.event("failed")
             return False
+        if self._metrics is not None:
+            self._metrics.event("written")
         return True
 
 

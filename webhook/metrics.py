@@ -13,7 +13,9 @@ What an operator alerts on:
 * ``metagpu_webhook_tls_cert_not_after_seconds - time()`` under a week: the
   certificate is not being renewed;
 * ``metagpu_webhook_namespace_lookups_total{result="error"}``: namespace
-  policy falls back to the defaults (RBAC or API trouble).
+  policy falls back to the defaults (RBAC or API trouble);
+* ``max(metagpu_webhook_dra_unplaceable_pods) > 0`` for a while: in DRA mode,
+  pods wait for a GPU share no GPU can take (:class:`DraWaitingStats`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Final, Literal
 
 import prometheus_client.metrics
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -72,6 +74,36 @@ LATENCY_HELP: Final = (
 LOOKUPS: Final = "metagpu_webhook_namespace_lookups"
 LOOKUPS_HELP: Final = "Namespace facts lookups, by where the answer came from."
 
+EventResult = Literal["written", "failed"]
+EVENT_RESULTS: Final[tuple[EventResult, ...]] = ("written", "failed")
+PassOutcome = Literal["ok", "error"]
+PASS_OUTCOMES: Final[tuple[PassOutcome, ...]] = ("ok", "error")
+
+DRA_WAITING: Final = "metagpu_webhook_dra_waiting_pods"
+DRA_WAITING_HELP: Final = (
+    "DRA mode: Pending pods the scheduler marked Unschedulable that name resource claims, "
+    "as tracked by the replica leading the claim-template controller; 0 on the others and "
+    "with dra.explain_waiting off (aggregate with max)."
+)
+DRA_UNPLACEABLE: Final = "metagpu_webhook_dra_unplaceable_pods"
+DRA_UNPLACEABLE_HELP: Final = (
+    "DRA mode: of the waiting pods, those no node's GPUs can take (a NoGpuShareFits Event "
+    "says why), as of the leader's last completed pass; 0 on the others (aggregate with max)."
+)
+DRA_EVENTS: Final = "metagpu_webhook_dra_waiting_events"
+DRA_EVENTS_HELP: Final = (
+    "DRA mode: NoGpuShareFits Events this replica wrote on waiting pods, or failed to write, "
+    "while leading."
+)
+DRA_PASS: Final = "metagpu_webhook_dra_waiting_pass_duration_seconds"
+DRA_PASS_HELP: Final = (
+    "DRA mode: one pass over the waiting pods (list slices and claims, judge, write Events), "
+    "by outcome (error: a list failed or the pass timed out); observed only while leading."
+)
+DRA_PASS_BUCKETS_S: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""From a pass over a handful of nodes (milliseconds) to the 60 s a pass's lists and judgement
+may take (``webhook.dra_waiting.PASS_TIMEOUT_S``); about 100 ms at 1,000 nodes of 8 GPUs."""
+
 
 class WebhookMetrics:
     """Every series the webhook exports; label values pre-created so they show as 0.
@@ -105,6 +137,7 @@ class WebhookMetrics:
             "/readyz says why.",
             registry=self.registry,
         )
+        self.dra_waiting = DraWaitingStats(self.registry)
         # Bound once: the hot path below is two dict lookups and three additions.
         self.observe = self.stats.observe
         self.namespace_lookup = self.stats.namespace_lookup
@@ -170,6 +203,57 @@ class ReviewStats(Collector):
         for result, count in self.lookups.items():
             lookups.add_metric((result,), count, created=created)
         yield lookups
+
+
+class DraWaitingStats(Collector):
+    """The series of DRA mode's waiting-pod explainer (:mod:`webhook.dra_waiting`).
+
+    Registered by every webhook, in every mode, so the series always exist and read 0
+    where nothing is explained: a dashboard or alert over ``max(...)`` then sees the one
+    leader's figures across replicas, and a failover does not make the series vanish.
+
+    The tracked-pod count is read live when scraped (:meth:`lead` hands over a callable),
+    not copied at each pass, so it follows the Pod watch between passes. The Event and
+    pass series are ``prometheus_client`` objects: they change a few times a minute, off
+    the admission hot path.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._tracked: Callable[[], int] | None = None
+        self._unplaceable = 0
+        self.events = Counter(DRA_EVENTS, DRA_EVENTS_HELP, ("result",), registry=registry)
+        for result in EVENT_RESULTS:
+            self.events.labels(result)
+        self.passes = Histogram(
+            DRA_PASS, DRA_PASS_HELP, ("outcome",), buckets=DRA_PASS_BUCKETS_S, registry=registry
+        )
+        for outcome in PASS_OUTCOMES:
+            self.passes.labels(outcome)
+        registry.register(self)
+
+    def lead(self, tracked: Callable[[], int]) -> None:
+        """This replica explains from now on; ``tracked()`` is how many pods wait."""
+        self._tracked = tracked
+
+    def follow(self) -> None:
+        """This replica stopped explaining (lost the Lease, shut down): report 0 again."""
+        self._tracked = None
+        self._unplaceable = 0
+
+    def judged(self, unplaceable: int) -> None:
+        """A pass found ``unplaceable`` pods no node's GPUs can take."""
+        self._unplaceable = unplaceable
+
+    def event(self, result: EventResult) -> None:
+        self.events.labels(result).inc()
+
+    def passed(self, outcome: PassOutcome, seconds: float) -> None:
+        self.passes.labels(outcome).observe(seconds)
+
+    def collect(self) -> Iterator[Metric]:
+        tracked = self._tracked() if self._tracked is not None else 0
+        yield GaugeMetricFamily(DRA_WAITING, DRA_WAITING_HELP, value=tracked)
+        yield GaugeMetricFamily(DRA_UNPLACEABLE, DRA_UNPLACEABLE_HELP, value=self._unplaceable)
 
 
 class _ConnectionFigures(Collector):

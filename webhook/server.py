@@ -474,7 +474,7 @@ async def _claim_templates(app: web.Application) -> AsyncIterator[None]:
     """DRA mode's claim-template controller (docs/dra.md), when the config wants it."""
     state = app[STATE_KEY]
     env = os.environ if state.env is None else state.env
-    async with claim_templates(state.config, env=env):
+    async with claim_templates(state.config, env=env, metrics=state.metrics.dra_waiting):
         yield
 
 

@@ -24,6 +24,7 @@ from webhook import dra_waiting
 from webhook.claimtemplate_controller import run_claim_templates
 from webhook.config import KubernetesConfig
 from webhook.dra_waiting import ExplainSettings, WaitingExplainer, WaitingPods
+from webhook.metrics import WebhookMetrics
 from webhook.namespaces import new_api_client
 from webhook.permissions import WAITING_POD_PERMISSIONS, claim_template_permissions
 
@@ -165,6 +166,87 @@ async def test_a_burst_is_written_a_bounded_number_per_pass(
         assert len(fake.objects(*EVENT)) == 3
 
 
+# ------------------------------------------------------------------ metrics
+def scraped(metrics: WebhookMetrics, name: str, **labels: str) -> float:
+    """One sample's value from the webhook's registry, as Prometheus would read it."""
+    value = metrics.registry.get_sample_value(name, labels)
+    assert value is not None, (name, labels)
+    return value
+
+
+async def test_a_pass_reports_waiting_and_unplaceable_pods_events_and_its_duration(
+    kube_api: tuple[FakeKubeApi, str], kube_config_env: Path
+) -> None:
+    fake, _ = kube_api
+    pod = put_captured_state(fake)
+    twin = copy.deepcopy(pod)
+    twin["metadata"].update(name="p70-twin", uid="uid-twin")
+    pods = WaitingPods()
+    pods.listed([pod, fake.put(twin)])
+    metrics = WebhookMetrics()
+    stats = metrics.dra_waiting
+    ok = {"outcome": "ok"}
+    passes = "metagpu_webhook_dra_waiting_pass_duration_seconds_count"
+    async with open_api_client() as (api, _):
+        explain = explainer(api, pods, metrics=stats)
+        assert scraped(metrics, "metagpu_webhook_dra_waiting_pods") == 0  # not leading yet
+        stats.lead(lambda: len(pods))
+        assert await explain.explain() == 2
+        assert scraped(metrics, "metagpu_webhook_dra_waiting_pods") == 2
+        assert scraped(metrics, "metagpu_webhook_dra_unplaceable_pods") == 2
+        written = {"result": "written"}
+        assert scraped(metrics, "metagpu_webhook_dra_waiting_events_total", **written) == 2
+        assert scraped(metrics, "metagpu_webhook_dra_waiting_events_total", result="failed") == 0
+        assert scraped(metrics, passes, **ok) == 1
+        assert scraped(metrics, "metagpu_webhook_dra_waiting_pass_duration_seconds_sum", **ok) > 0
+
+        # A neighbour's 60 ends: both pods still wait for the scheduler's next try, but a
+        # GPU now takes the 70, so no pod is unplaceable and nothing new is said.
+        b = load(SIXTIES[1])["metadata"]
+        fake.remove("resource.k8s.io/v1", "ResourceClaim", b["name"], b["namespace"])
+        assert await explain.explain() == 0
+        assert scraped(metrics, "metagpu_webhook_dra_waiting_pods") == 2
+        assert scraped(metrics, "metagpu_webhook_dra_unplaceable_pods") == 0
+        assert scraped(metrics, "metagpu_webhook_dra_waiting_events_total", **written) == 2
+        assert scraped(metrics, passes, **ok) == 2
+
+        # The pods are placed: nothing waits (no pass needed, none counted).
+        pods.listed([])
+        assert await explain.explain() == 0
+        assert scraped(metrics, "metagpu_webhook_dra_waiting_pods") == 0
+        assert scraped(metrics, "metagpu_webhook_dra_unplaceable_pods") == 0
+        assert scraped(metrics, passes, **ok) == 2
+
+
+async def test_failed_events_and_failed_passes_are_counted(
+    kube_api: tuple[FakeKubeApi, str], kube_config_env: Path
+) -> None:
+    fake, _ = kube_api
+    pods = WaitingPods()
+    pods.listed([put_captured_state(fake)])
+    metrics = WebhookMetrics()
+    async with open_api_client() as (api, _):
+        explain = explainer(api, pods, metrics=metrics.dra_waiting)
+        fake.fail_next("create", "events", status=500, reason="InternalError", message="boom")
+        assert await explain.explain() == 0
+        assert scraped(metrics, "metagpu_webhook_dra_waiting_events_total", result="failed") == 1
+        assert scraped(metrics, "metagpu_webhook_dra_waiting_events_total", result="written") == 0
+        assert scraped(metrics, "metagpu_webhook_dra_unplaceable_pods") == 1
+
+        fake.fail_next("list", "resourceslices", status=500, reason="InternalError", message="x")
+        with pytest.raises(RuntimeError, match="listing failed"):
+            await explain.explain()
+        error = {"outcome": "error"}
+        assert (
+            scraped(metrics, "metagpu_webhook_dra_waiting_pass_duration_seconds_count", **error)
+            == 1
+        )
+        # The last completed pass's figure stands until the next one completes.
+        assert scraped(metrics, "metagpu_webhook_dra_unplaceable_pods") == 1
+        assert await explain.explain() == 1  # the Event that failed, written now
+        assert scraped(metrics, "metagpu_webhook_dra_waiting_events_total", result="written") == 1
+
+
 # ------------------------------------------------------- as the webhook runs it
 async def test_the_leader_explains_waiting_pods_and_brings_the_reason_up_to_date(
     tmp_path: Path,
@@ -175,6 +257,7 @@ async def test_the_leader_explains_waiting_pods_and_brings_the_reason_up_to_date
     are the declared ones."""
     dra = settings(mode="dra", dra={"gpu_memory_mib": 81920}).dra
     assert dra is not None
+    metrics = WebhookMetrics()
     async with running_kube_api(FakeKubeApi(garbage_collector=False)) as (fake, url):
         put_captured_state(fake)
         client = await new_api_client(
@@ -190,10 +273,13 @@ async def test_the_leader_explains_waiting_pods_and_brings_the_reason_up_to_date
                 timing=FAST,
                 watch_timeout_s=1,
                 explain=ExplainSettings(driver=DRIVER, refresh_s=0.2),
+                metrics=metrics.dra_waiting,
             )
         )
         try:
             await eventually(lambda: len(fake.objects(*EVENT)) == 1)
+            await eventually(lambda: scraped(metrics, "metagpu_webhook_dra_unplaceable_pods") == 1)
+            assert scraped(metrics, "metagpu_webhook_dra_waiting_pods") == 1
             assert fake.objects(*EVENT)[0]["note"] == P70_NOTE
             assert fake.objects(*EVENT)[0]["reportingInstance"] == "a"
 
@@ -218,6 +304,11 @@ async def test_the_leader_explains_waiting_pods_and_brings_the_reason_up_to_date
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await client.close()
+    # No longer leading (stopped): the replica reports 0, so max() across replicas is the
+    # new leader's figure.
+    assert scraped(metrics, "metagpu_webhook_dra_waiting_pods") == 0
+    assert scraped(metrics, "metagpu_webhook_dra_unplaceable_pods") == 0
+    assert scraped(metrics, "metagpu_webhook_dra_waiting_events_total", result="written") == 2
     declared = verb_set(claim_template_permissions("metagpu-claim-templates"))
     declared |= verb_set(WAITING_POD_PERMISSIONS)
     assert fake.verbs_used() <= declared

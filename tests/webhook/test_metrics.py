@@ -94,7 +94,8 @@ def test_text_format_matches_line_for_line_apart_from_timestamps() -> None:
         return sorted(
             line.rsplit(" ", 1)[0] if "_created" in line and not line.startswith("#") else line
             for line in text.decode().splitlines()
-            if "tls_cert" not in line
+            # The certificate's and DRA mode's series are not per-request ones.
+            if "tls_cert" not in line and "_dra_" not in line
         )
 
     assert lines(ours()) == lines(reference())
@@ -105,3 +106,35 @@ def test_disabling_created_series_is_honoured(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(prometheus_client.metrics, "_use_created", False)
     assert b"_created" not in reference()
     assert b"_created" not in ours()
+
+
+def test_dra_waiting_series_exist_at_zero_and_follow_leadership() -> None:
+    """Every webhook exports DRA mode's series, at 0 until it leads, so ``max`` across
+    replicas is the leader's figure; the label values are there before the first pass."""
+    metrics = WebhookMetrics()
+    families = {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
+    assert families["metagpu_webhook_dra_waiting_pods"].samples[0].value == 0
+    assert families["metagpu_webhook_dra_unplaceable_pods"].samples[0].value == 0
+    assert "(aggregate with max)" in families["metagpu_webhook_dra_waiting_pods"].documentation
+    events = families["metagpu_webhook_dra_waiting_events"]
+    assert {s.labels["result"] for s in events.samples if s.name.endswith("_total")} == {
+        "written",
+        "failed",
+    }
+    passes = families["metagpu_webhook_dra_waiting_pass_duration_seconds"]
+    assert {s.labels["outcome"] for s in passes.samples} == {"ok", "error"}
+    for family in families.values():  # bounded: no pod or namespace labels
+        for sample in family.samples:
+            assert not {"pod", "namespace"} & set(sample.labels), sample
+
+    stats, waiting = metrics.dra_waiting, [1, 2, 3]
+    stats.lead(lambda: len(waiting))
+    stats.judged(2)
+    get = metrics.registry.get_sample_value
+    assert get("metagpu_webhook_dra_waiting_pods") == 3
+    waiting.pop()  # read when scraped, not at the last pass
+    assert get("metagpu_webhook_dra_waiting_pods") == 2
+    assert get("metagpu_webhook_dra_unplaceable_pods") == 2
+    stats.follow()
+    assert get("metagpu_webhook_dra_waiting_pods") == 0
+    assert get("metagpu_webhook_dra_unplaceable_pods") == 0
