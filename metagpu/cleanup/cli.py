@@ -42,7 +42,9 @@ Remove what metagpu's components wrote into the cluster and Helm does not own:
   * the release's Leases named with --lease (leader elections), in --namespace;
   * with --dra, the ResourceClaimTemplates labelled
     app.kubernetes.io/managed-by=metagpu that no pod names any more (one a pod
-    still names is kept, and the report says so).
+    still names is kept, and the report says so);
+  * with --quota-companions, the quota mirror's companion ResourceQuotas
+    (app.kubernetes.io/managed-by=metagpu-quota-mirror), never a quota of yours.
 
 The chart runs it as a post-delete hook (cleanup.enabled). It is idempotent.
 Every failure is logged with the command that does it by hand; the exit code
@@ -69,6 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dra",
         action="store_true",
         help="also delete the unused ResourceClaimTemplates of the webhook's DRA mode",
+    )
+    parser.add_argument(
+        "--quota-companions",
+        action="store_true",
+        help="also delete the quota mirror's companion ResourceQuotas",
     )
     parser.add_argument(
         "--timeout-s",
@@ -126,6 +133,7 @@ async def clean(args: argparse.Namespace) -> Report:
         namespace=args.namespace or default_namespace(DEFAULT_NAMESPACE),
         leases=tuple(dict.fromkeys(args.lease)),
         dra=args.dra,
+        quota_companions=args.quota_companions,
     )
     try:
         async with open_api_client(kubeconfig=args.kubeconfig, context=args.context) as (

@@ -25,9 +25,11 @@ import aiohttp
 from kubernetes_asyncio import client
 
 from metagpu.cleanup.plan import (
+    COMPANION_SELECTOR,
     MANAGED_BY_SELECTOR,
     Obj,
     Report,
+    companion_command,
     lease_command,
     node_command,
     node_patch,
@@ -53,11 +55,13 @@ class ListError(Exception):
 
 @dataclass(frozen=True)
 class CleanupTarget:
-    """What to clean: the release's Leases, and the DRA templates when ``dra``."""
+    """What to clean: the release's Leases, the DRA templates when ``dra``, and the quota
+    mirror's companions when ``quota_companions``."""
 
     namespace: str
     leases: tuple[str, ...] = ()
     dra: bool = False
+    quota_companions: bool = False
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,50 @@ class Cleaner:
         else:
             self._fail(f"{ref}: {_status(answer)}", template_command(namespace, name))
 
+    # -------------------------------------------------------- companions
+    async def delete_companions(self) -> None:
+        """Delete the quota mirror's companion ResourceQuotas, in every namespace.
+
+        They limit the metagpu resource, which nothing serves once the release is gone;
+        the source quotas they mirror are the user's and stay."""
+        found: list[Obj] = []
+        try:
+            async for quota in self._pages(
+                lambda o: self._core.list_resource_quota_for_all_namespaces(
+                    label_selector=COMPANION_SELECTOR, **o
+                ),
+                "resourcequotas",
+            ):
+                found.append(quota)
+        except (ListError, *TRANSPORT_ERRORS) as exc:
+            self._fail(f"list resourcequotas: {_text(exc)}", companion_command())
+            return
+        for quota in found:
+            meta = quota["metadata"]
+            await self._delete_companion(
+                str(meta["namespace"]), str(meta["name"]), str(meta.get("uid", ""))
+            )
+
+    async def _delete_companion(self, namespace: str, name: str, uid: str) -> None:
+        # The uid precondition: a quota made again since the list is not ours to judge.
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        ref = f"resourcequota {namespace}/{name}"
+        try:
+            answer = await call_api(
+                lambda: self._core.delete_namespaced_resource_quota(
+                    name, namespace, body=cast(Any, body), **raw_options(self._timeout_s)
+                )
+            )
+        except TRANSPORT_ERRORS as exc:
+            self._fail(f"{ref}: {_text(exc)}", companion_command(namespace, name))
+            return
+        if answer.ok:
+            self._done(f"{ref}: deleted (the quota mirror's companion)")
+        elif answer.status == 404:
+            self._done(f"{ref}: already gone")
+        else:
+            self._fail(f"{ref}: {_status(answer)}", companion_command(namespace, name))
+
     # ------------------------------------------------------------ shared
     async def _pages(
         self, send: Callable[[dict[str, Any]], Awaitable[object]], what: str
@@ -254,7 +302,8 @@ async def run_cleanup(
     request_timeout_s: float,
     page_size: int = DEFAULT_PAGE_SIZE,
 ) -> Report:
-    """Leases, then templates (DRA), then Nodes, all within ``timeout_s``.
+    """Leases, then templates (DRA), then quota companions, then Nodes, all within
+    ``timeout_s``.
 
     Cheap and certain steps first, the one that grows with the cluster last.
     When the deadline passes, every step not finished is reported with the
@@ -277,6 +326,14 @@ async def run_cleanup(
                 "delete the unused ResourceClaimTemplates",
                 f"{template_command()} (once no pod names them)",
                 cleaner.delete_templates,
+            )
+        )
+    if target.quota_companions:
+        steps.append(
+            Step(
+                "delete the quota mirror's companion ResourceQuotas",
+                companion_command(),
+                cleaner.delete_companions,
             )
         )
     steps.append(Step("clean the Nodes", node_command(), cleaner.clean_nodes))

@@ -11,6 +11,9 @@ RBAC tests and ``--help`` can import it without kubernetes-asyncio.
   controller's labels, and a Node is never removed.
 * ``leases``: ``delete`` on the release's Leases only, by name (a Role in the
   release namespace). A Lease that is already gone answers 404, which is fine.
+* ``resourcequotas`` ``list`` (by the quota mirror's label, every namespace) and
+  ``delete``, with ``--quota-companions``: the companions limit a resource nothing
+  serves once the release is gone. The users' own quotas are never touched.
 * DRA mode only: ``resourceclaimtemplates`` ``list`` (by label, every namespace)
   and ``delete``, and ``pods`` ``list`` (to keep a template a pod still
   names). Across namespaces, so a ClusterRole; ``delete`` cannot be limited
@@ -31,8 +34,11 @@ LEASE_GROUP: Final = "coordination.k8s.io"
 RESOURCE_GROUP: Final = "resource.k8s.io"
 
 
-def permissions_for(*, leases: Iterable[str], dra: bool) -> tuple[Permission, ...]:
-    """The rules for these Lease names, with the DRA rules when ``dra``."""
+def permissions_for(
+    *, leases: Iterable[str], dra: bool, quota_companions: bool = False
+) -> tuple[Permission, ...]:
+    """The rules for these Lease names, with the DRA rules when ``dra`` and the quota
+    mirror's companions when ``quota_companions``."""
     rules = [
         Permission(
             group="",
@@ -72,4 +78,15 @@ def permissions_for(*, leases: Iterable[str], dra: bool) -> tuple[Permission, ..
                 why="keep a template that a pod still names in spec.resourceClaims",
             ),
         ]
+    if quota_companions:
+        rules.append(
+            Permission(
+                group="",
+                resource="resourcequotas",
+                verbs=frozenset({"list", "delete"}),
+                namespaced=False,
+                why="find the quota mirror's companion ResourceQuotas (managed-by="
+                "metagpu-quota-mirror) in every namespace and delete them",
+            )
+        )
     return tuple(rules)

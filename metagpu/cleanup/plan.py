@@ -26,6 +26,11 @@ MANAGED_BY_SELECTOR: Final = "app.kubernetes.io/managed-by=metagpu"
 a test checks they agree, so this module stays free of the webhook."""
 
 
+COMPANION_SELECTOR: Final = "app.kubernetes.io/managed-by=metagpu-quota-mirror"
+"""The mark of the quota mirror's companion ResourceQuotas
+(:data:`webhook.quotas.mirror.MANAGED_BY`); a test checks they agree."""
+
+
 def _map(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -79,6 +84,12 @@ def template_command(namespace: str | None = None, name: str | None = None) -> s
     if namespace is None or name is None:
         return f"kubectl delete resourceclaimtemplates -A -l {MANAGED_BY_SELECTOR}"
     return f"kubectl -n {namespace} delete resourceclaimtemplate {name}"
+
+
+def companion_command(namespace: str | None = None, name: str | None = None) -> str:
+    if namespace is None or name is None:
+        return f"kubectl delete resourcequotas -A -l {COMPANION_SELECTOR}"
+    return f"kubectl -n {namespace} delete resourcequota {name}"
 
 
 # ------------------------------------------------------------------ report

@@ -403,7 +403,11 @@ def test_cleanup_rbac_is_exactly_its_permissions_for_the_flags_it_is_given(value
     ]
     spec = pod_spec(job)
     args = spec["containers"][0]["args"]
-    declared = permissions_for(leases=flags(args, "--lease"), dra="--dra" in args)
+    declared = permissions_for(
+        leases=flags(args, "--lease"),
+        dra="--dra" in args,
+        quota_companions="--quota-companions" in args,
+    )
     assert_exactly(grants(objects, spec["serviceAccountName"]), declared, who="cleanup")
 
 

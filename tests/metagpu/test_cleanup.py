@@ -20,6 +20,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from metagpu.cleanup.kube import CleanupTarget, run_cleanup
 from metagpu.cleanup.permissions import permissions_for
 from metagpu.cleanup.plan import (
+    COMPANION_SELECTOR,
     MANAGED_BY_SELECTOR,
     NODE_ANNOTATIONS,
     NODE_LABELS,
@@ -33,7 +34,7 @@ from tests.harness.kube_api import FakeKubeApi, Obj, running_kube_api
 
 NAMESPACE = "metagpu"
 LEASES = ("metagpu-quota-mirror", "metagpu-scheduler", "metagpu-claim-templates")
-TARGET = CleanupTarget(namespace=NAMESPACE, leases=LEASES, dra=True)
+TARGET = CleanupTarget(namespace=NAMESPACE, leases=LEASES, dra=True, quota_companions=True)
 OURS = {
     "metagpu.io/gpu-product": "NVIDIA-A100-SXM4-80GB",
     "metagpu.io/gpu-count": "4",
@@ -85,6 +86,18 @@ def pod(namespace: str, name: str, *templates: str) -> Obj:
     }
 
 
+COMPANION = {"app.kubernetes.io/managed-by": "metagpu-quota-mirror"}
+
+
+def quota(namespace: str, name: str, labels: dict[str, str]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"hard": {"requests.nvidia.com/gpu": "2"}},
+    }
+
+
 def lease(namespace: str, name: str) -> Obj:
     return {
         "apiVersion": "coordination.k8s.io/v1",
@@ -113,6 +126,10 @@ def fake(kube_api: tuple[FakeKubeApi, str]) -> FakeKubeApi:
     api.put(pod("team-a", "train-0", "metagpu-50u-40gi"))
     api.put(pod("team-a", "train-1", "metagpu-50u-40gi", "their-other"))
     api.put(pod("team-b", "web", "their-own"))
+    api.put(quota("team-a", "gpus", {}))  # the user's source quota
+    api.put(quota("team-a", "gpus-metagpu", dict(COMPANION)))
+    api.put(quota("team-b", "gpus-metagpu", dict(COMPANION)))
+    api.put(quota("team-b", "cpu", {"app.kubernetes.io/managed-by": "helm"}))
     return api
 
 
@@ -121,7 +138,9 @@ async def api_client(kube_api: tuple[FakeKubeApi, str]) -> AsyncIterator[ApiClie
     async with ApiClient(Configuration(host=kube_api[1])) as client:
         yield client
     # Whatever the scenario, nothing may be sent that the declared RBAC does not grant.
-    assert kube_api[0].verbs_used() <= verb_set(permissions_for(leases=LEASES, dra=True))
+    assert kube_api[0].verbs_used() <= verb_set(
+        permissions_for(leases=LEASES, dra=True, quota_companions=True)
+    )
 
 
 async def clean(client: ApiClient, *, page_size: int = 500, timeout_s: float = 30) -> Report:
@@ -169,6 +188,10 @@ def test_the_keys_are_the_agents_own_constants() -> None:
     assert set(NODE_LABELS) == set(OWNED_LABELS) == set(OURS)
     assert set(NODE_ANNOTATIONS) == set(OWNED_ANNOTATIONS) == set(OUR_ANNOTATIONS)
     assert f"{MANAGED_BY_LABEL}={MANAGED_BY}" == MANAGED_BY_SELECTOR
+    from webhook.quotas.mirror import LABEL_MANAGED_BY
+    from webhook.quotas.mirror import MANAGED_BY as MIRROR
+
+    assert f"{LABEL_MANAGED_BY}={MIRROR}" == COMPANION_SELECTOR
     assert node_patch(node("n", dict(FOREIGN_LABELS), dict(FOREIGN_ANNOTATIONS))) is None
 
 
@@ -218,6 +241,23 @@ async def test_leases_go_by_name_and_unused_templates_go_a_named_one_stays(
     assert "(no pod names it)" in report.summary()
 
 
+async def test_the_quota_mirrors_companions_go_and_the_users_quotas_stay(
+    fake: FakeKubeApi, api_client: ApiClient
+) -> None:
+    report = await clean(api_client)
+    assert not report.failed
+    left = {
+        (o["metadata"]["namespace"], o["metadata"]["name"])
+        for o in fake.objects("v1", "ResourceQuota")
+    }
+    assert left == {("team-a", "gpus"), ("team-b", "cpu")}
+    assert "resourcequota team-b/gpus-metagpu: deleted (the quota mirror's companion)" in (
+        report.done
+    )
+    deletes = [r for r in fake.writes() if r.resource == "resourcequotas"]
+    assert all(r.body["preconditions"]["uid"] for r in deletes)
+
+
 async def test_without_dra_templates_and_pods_are_not_touched(
     fake: FakeKubeApi, api_client: ApiClient
 ) -> None:
@@ -239,8 +279,10 @@ async def test_a_second_run_writes_nothing_and_uses_exactly_the_declared_verbs(
     later = fake.requests[mark:]
     assert {(r.verb, r.resource, r.status) for r in later if r.verb != "list"} == {
         ("delete", "leases", 404)
-    }
-    assert fake.verbs_used() == verb_set(permissions_for(leases=LEASES, dra=True))
+    }  # the companions went the first time: none is listed again
+    assert fake.verbs_used() == verb_set(
+        permissions_for(leases=LEASES, dra=True, quota_companions=True)
+    )
 
 
 # ---------------------------------------------------------------- failures
@@ -265,13 +307,14 @@ async def test_the_deadline_reports_every_unfinished_step_with_its_command(
     fake: FakeKubeApi, api_client: ApiClient
 ) -> None:
     report = await clean(api_client, timeout_s=1e-9)
-    assert len(report.failed) == 3
+    assert len(report.failed) == 4
     assert all("deadline of 1e-09 s passed" in line for line in report.failed)
     assert (
         "kubectl delete resourceclaimtemplates -A -l app.kubernetes.io/managed-by=metagpu"
         in (report.failed[1])
     )
-    assert node_command() in report.failed[2]
+    assert f"kubectl delete resourcequotas -A -l {COMPANION_SELECTOR}" in report.failed[2]
+    assert node_command() in report.failed[3]
     assert not fake.writes()
 
 
