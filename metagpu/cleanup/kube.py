@@ -194,24 +194,39 @@ class Cleaner:
             await self._delete_template(namespace, name, str(template["metadata"].get("uid", "")))
 
     async def _delete_template(self, namespace: str, name: str, uid: str) -> None:
-        # The uid precondition: a template made again since the list is not ours to judge.
+        await self._delete_listed(
+            f"resourceclaimtemplate {namespace}/{name}",
+            partial(self._resource.delete_namespaced_resource_claim_template, name, namespace),
+            uid=uid,
+            done="deleted (no pod names it)",
+            manual=template_command(namespace, name),
+        )
+
+    async def _delete_listed(
+        self,
+        ref: str,
+        send: Callable[..., Awaitable[object]],
+        *,
+        uid: str,
+        done: str,
+        manual: str,
+    ) -> None:
+        """Delete one object as it was listed: the uid precondition leaves alone one made
+        again since the list, which is not ours to judge; 404 counts as done."""
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
-        ref = f"resourceclaimtemplate {namespace}/{name}"
         try:
             answer = await call_api(
-                lambda: self._resource.delete_namespaced_resource_claim_template(
-                    name, namespace, body=cast(Any, body), **raw_options(self._timeout_s)
-                )
+                lambda: send(body=cast(Any, body), **raw_options(self._timeout_s))
             )
         except TRANSPORT_ERRORS as exc:
-            self._fail(f"{ref}: {_text(exc)}", template_command(namespace, name))
+            self._fail(f"{ref}: {_text(exc)}", manual)
             return
         if answer.ok:
-            self._done(f"{ref}: deleted (no pod names it)")
+            self._done(f"{ref}: {done}")
         elif answer.status == 404:
             self._done(f"{ref}: already gone")
         else:
-            self._fail(f"{ref}: {_status(answer)}", template_command(namespace, name))
+            self._fail(f"{ref}: {_status(answer)}", manual)
 
     # -------------------------------------------------------- companions
     async def delete_companions(self) -> None:
@@ -238,24 +253,13 @@ class Cleaner:
             )
 
     async def _delete_companion(self, namespace: str, name: str, uid: str) -> None:
-        # The uid precondition: a quota made again since the list is not ours to judge.
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
-        ref = f"resourcequota {namespace}/{name}"
-        try:
-            answer = await call_api(
-                lambda: self._core.delete_namespaced_resource_quota(
-                    name, namespace, body=cast(Any, body), **raw_options(self._timeout_s)
-                )
-            )
-        except TRANSPORT_ERRORS as exc:
-            self._fail(f"{ref}: {_text(exc)}", companion_command(namespace, name))
-            return
-        if answer.ok:
-            self._done(f"{ref}: deleted (the quota mirror's companion)")
-        elif answer.status == 404:
-            self._done(f"{ref}: already gone")
-        else:
-            self._fail(f"{ref}: {_status(answer)}", companion_command(namespace, name))
+        await self._delete_listed(
+            f"resourcequota {namespace}/{name}",
+            partial(self._core.delete_namespaced_resource_quota, name, namespace),
+            uid=uid,
+            done="deleted (the quota mirror's companion)",
+            manual=companion_command(namespace, name),
+        )
 
     # ------------------------------------------------------------ shared
     async def _pages(
