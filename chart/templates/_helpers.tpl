@@ -739,6 +739,7 @@ one DaemonSet, so its nodes are all MPS or none. */}}
   "memory" (dict "step_mib" $dra.memoryStepMiB "min_mib" $dra.memoryMinMiB "default_mib" $dra.memoryMinMiB)
   "health" (dict "enabled" .Values.plugin.healthChecks)
   "mps" (include "metagpu.mps.config" (dict "root" . "mps" (eq (include "metagpu.dra.mps" .) "true")) | fromJson)
+  "agent_socket_dir" .Values.agent.socketDir
 -}}
 {{- if .Values.plugin.simulatedGpus.enabled -}}
 {{- $_ := set $config "gpus_file" (printf "%s/%s" (include "metagpu.configDir" .) (include "metagpu.plugin.simulatedGpusFileName" .)) -}}

@@ -34,6 +34,7 @@ A container holds one share per GPU in the way the webhook's DRA mode will write
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
 from plugin.api.cdi_names import cdi_kind, driver_spec_prefix
@@ -41,6 +42,9 @@ from plugin.api.gpus import GpuInfo
 from plugin.api.limits import memory_limit_mib, pinned_limit_env, thread_percentage
 from plugin.api.mps_clients import MountSpec, mps_client_env, mps_client_mounts
 from plugin.api.resources import (
+    AGENT_SOCKET_NAME,
+    CONTAINER_AGENT_DIR,
+    ENV_AGENT_SOCKET,
     ENV_COMPUTE_POLICY,
     ENV_MEMORY_LIMIT_MB,
     ENV_MPS_PINNED_DEVICE_MEM_LIMIT,
@@ -126,12 +130,15 @@ def build_spec(
     if limits.thread_percentage is not None:
         env.append(f"{ENV_MPS_THREAD_PERCENTAGE}={limits.thread_percentage}")
     env.extend(f"{name}={value}" for name, value in mps_client_env(config.mps).items())
+    mounts = list(mps_client_mounts(config.mps))
+    if config.agent_socket_dir is not None:
+        env.append(f"{ENV_AGENT_SOCKET}={PurePosixPath(CONTAINER_AGENT_DIR) / AGENT_SOCKET_NAME}")
+        mounts.insert(0, agent_mount(config.agent_socket_dir))
     edits: dict[str, Any] = {
         "env": env,
         "deviceNodes": [{"path": f"/dev/nvidia{gpu.minor_number}"}],
     }
-    mounts = mps_client_mounts(config.mps)
-    if mounts:  # left out without MPS: the spec stays as it was
+    if mounts:
         edits["mounts"] = [cdi_mount(m) for m in mounts]
     return {
         "cdiVersion": CDI_VERSION,
@@ -139,6 +146,12 @@ def build_spec(
         "devices": [{"name": cdi_device_name(share, claim_uid=claim_uid), "containerEdits": edits}],
         "containerEdits": {"deviceNodes": [{"path": p} for p in CONTROL_DEVICE_NODES]},
     }
+
+
+def agent_mount(socket_dir: Path) -> MountSpec:
+    """The node agent's socket directory, read-only: ``mgctl`` in the container asks the
+    agent about its own share (the device plugin's Allocate mounts the same)."""
+    return MountSpec(container_path=CONTAINER_AGENT_DIR, host_path=str(socket_dir), read_only=True)
 
 
 def cdi_mount(mount: MountSpec) -> dict[str, Any]:

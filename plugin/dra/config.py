@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from plugin.api.config import HealthConfig, MpsConfig
 from plugin.api.limits import Policy
-from plugin.api.resources import DRA_DRIVER
+from plugin.api.resources import CONTAINER_AGENT_DIR, DRA_DRIVER
 from plugin.api.settings import StrictModel
 
 ENV_PREFIX: Final = "METAGPU_DRA_"
@@ -85,6 +85,11 @@ class DraConfig(StrictModel):
     (``{uuid}``, ``{index}`` and ``{minor}`` are the GPU's): NVIDIA's spec from
     ``nvidia-ctk cdi generate`` (device names by ``--device-name-strategy``) brings the
     driver libraries, which ours does not. None: our spec only."""
+    agent_socket_dir: Path | None = Path(CONTAINER_AGENT_DIR)
+    """The node agent's socket directory on the host (the agent's ``socket_dir``): mounted
+    read-only at ``/var/run/metagpu`` in every share's container with
+    ``METAGPU_AGENT_SOCKET``, so ``mgctl`` there finds the agent, as in device-plugin
+    containers. None: no mount (no agent on the node)."""
     health: HealthConfig = Field(default_factory=HealthConfig)
     mps: MpsConfig = Field(default_factory=MpsConfig)
     """CUDA MPS, the device plugin's section with the same keys and meaning (one model):

@@ -153,6 +153,24 @@ def test_the_dra_plugin_pod_serves_the_kubelet_dirs_at_their_host_paths() -> Non
     assert annotations["checksum/config"]
 
 
+def test_shares_mount_the_socket_the_agent_on_their_node_serves() -> None:
+    """mgctl in a DRA container reaches the agent: the DRA plugin's CDI specs mount the
+    agent's socket directory, wherever agent.socketDir puts it."""
+    from plugin.api.agent_config import AgentConfig
+
+    for values in (DRA_POOL, {**DRA_POOL, "agent": {"socketDir": "/run/mg"}}):
+        objects = render(values)
+        config = load_rendered_config(
+            objects, "metagpu-dra-plugin-config", "dra-plugin.yaml", DraConfig
+        )
+        agent = pod_spec(component(objects, "DaemonSet", "agent"))
+        host_paths = {v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}
+        assert str(config.agent_socket_dir) in host_paths
+        assert str(config.agent_socket_dir) == values.get("agent", {}).get(
+            "socketDir", str(AgentConfig().socket_dir)
+        )
+
+
 def test_the_webhook_sizes_claims_by_the_plugins_memory_policy() -> None:
     values = copy.deepcopy(DRA_POOL)
     values["dra"].update({"memoryStepMiB": 512, "memoryMinMiB": 2048})

@@ -321,7 +321,24 @@ def test_the_cdi_spec_carries_the_share_limits(
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory_mib}M",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent),
         "METAGPU_COMPUTE_POLICY": "fixed",
+        "METAGPU_AGENT_SOCKET": "/var/run/metagpu/agent.sock",
     }
+    # mgctl in the container finds the node agent, as in device-plugin containers
+    assert spec["devices"][0]["containerEdits"]["mounts"] == [
+        {
+            "hostPath": "/var/run/metagpu",
+            "containerPath": "/var/run/metagpu",
+            "options": ["rbind", "ro", "nosuid", "nodev"],
+        }
+    ]
+
+
+def test_without_an_agent_no_socket_is_mounted(tmp_path: Path) -> None:
+    claim = load("claim-p50-a-50-units-40gi-allocated.json")
+    preparer(tmp_path, agent_socket_dir=None).prepare(ref_of(claim), claim)
+    spec = read_spec(tmp_path)
+    assert "METAGPU_AGENT_SOCKET" not in env_of(spec)
+    assert "mounts" not in spec["devices"][0]["containerEdits"]
 
 
 def test_balance_sets_no_sm_cap(tmp_path: Path) -> None:

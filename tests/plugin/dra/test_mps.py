@@ -179,6 +179,11 @@ async def test_a_share_gets_the_pipe_directory_and_its_mounts(node: MpsNode) -> 
     (device,) = spec["devices"]
     assert device["containerEdits"]["mounts"] == [
         {
+            "hostPath": "/var/run/metagpu",  # the agent's socket, for mgctl
+            "containerPath": "/var/run/metagpu",
+            "options": ["rbind", "ro", "nosuid", "nodev"],
+        },
+        {
             "hostPath": str(node.root / "pipe"),
             "containerPath": CONTAINER_PIPE,
             "options": list(MOUNT_OPTIONS_RW),
