@@ -458,6 +458,16 @@ def test_notes_say_how_to_join_the_dra_pool() -> None:
     assert "kubectl label node <node> metagpu.io/dra=true" in notes
     assert "webhook.mode=dra: every GPU share" in notes
     assert "DeviceClass gpu.metagpu.io" in _notes(DRA_NODES_ONLY)
+    assert "the device plugin keeps off them (the agent runs there too)" in notes
+
+
+def test_notes_warn_of_mps_without_the_extender() -> None:
+    """Only the extender keeps two users' MPS clients off one GPU (docs/mps.md)."""
+    assert "WARNING: mps.enabled without scheduler.enabled" in _notes(
+        {"mps": {"enabled": True}, "scheduler": {"enabled": False}}
+    )
+    assert "mps.enabled without" not in _notes({"mps": {"enabled": True}})
+    assert "mps.enabled without" not in _notes({"scheduler": {"enabled": False}})
 
 
 def test_chart_files_are_present() -> None:
