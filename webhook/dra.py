@@ -43,14 +43,11 @@ own.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
-
-import jsonpatch
 
 from plugin.api.quantity import MIB, Quantity, QuantityError, format_mib, read_quantity
 from plugin.api.resources import DRA_MEMORY, DRA_UNITS
@@ -74,6 +71,7 @@ from webhook.model import (
     escape_pointer,
     opted_out,
 )
+from webhook.patching import applied
 from webhook.rules import (
     NO_NAMESPACE_FACTS,
     WORKLOAD_TEMPLATE_PATHS,
@@ -333,8 +331,7 @@ def _applied(obj: Obj, decision: Decision) -> Obj:
     """``obj`` after the first step's patch (the object itself when there is none)."""
     if not isinstance(decision, Mutation) or not decision.patch:
         return obj
-    out: Obj = jsonpatch.apply_patch(copy.deepcopy(obj), [dict(op) for op in decision.patch])
-    return out
+    return applied(obj, decision.patch)
 
 
 def _claimed(spec: Obj, *, dra: DraSettings) -> dict[str, int]:

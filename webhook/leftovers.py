@@ -53,13 +53,10 @@ immutable, so a pod DRA mode created keeps its claims until it is replaced.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, Final
-
-import jsonpatch
 
 from plugin.api.quantity import MIB, QuantityError, format_mib, read_quantity
 from webhook.dra import CLAIM_ENTRY_PREFIX, Shape, parse_template_name
@@ -83,6 +80,7 @@ from webhook.model import (
     escape_pointer,
     opted_out,
 )
+from webhook.patching import applied
 from webhook.rules import WORKLOAD_TEMPLATE_PATHS, mutate_pod, mutate_workload
 
 DEVICE_PLUGIN_MODE: Final = "the webhook runs in device-plugin mode"
@@ -189,7 +187,7 @@ def _then_rules(
             reason="Invalid",
             warnings=tuple(dict.fromkeys([*namespace.warnings, *findings.warnings])),
         )
-    after: Obj = jsonpatch.apply_patch(copy.deepcopy(obj), [dict(op) for op in ops])
+    after = applied(obj, ops)
     second: Decision = rules(after)
     warnings = [*namespace.warnings, *findings.warnings, *second.warnings]
     if isinstance(second, Denial):

@@ -277,11 +277,24 @@ async def floor_main(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------- coordinator
+DRA_ENV: dict[str, str] = {
+    "METAGPU_WEBHOOK_MODE": "dra",
+    "METAGPU_WEBHOOK_DRA__GPU_MEMORY_MIB": "81920",
+    "METAGPU_WEBHOOK_DRA__CONTROLLER": "false",
+}
+"""DRA mode for ``--dra``: an 80 GiB GPU, no claim-template controller (no cluster here)."""
+
+
 def start_server(
-    cmd: list[str], pattern: str, *, cwd: Path = ROOT
+    cmd: list[str], pattern: str, *, cwd: Path = ROOT, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        cmd,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **env} if env else None,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 30
@@ -415,6 +428,28 @@ def coordinate(args: argparse.Namespace) -> int:
         )
         servers: list[tuple[str, subprocess.Popen[str], int]] = []
         try:
+            if args.dra:
+                # The same review through DRA mode: the fraction becomes a ResourceClaim
+                # (webhook/dra.py), what a pod's creation costs there.
+                proc, port = start_server(
+                    [
+                        *env_cmd,
+                        "-m",
+                        "metagpu.cli",
+                        "webhook",
+                        "--listen",
+                        "127.0.0.1:0",
+                        "--tls-cert",
+                        str(bundle.cert_file),
+                        "--tls-key",
+                        str(bundle.key_file),
+                        "--kubernetes",
+                        "false",
+                    ],
+                    r"serving https://127\.0\.0\.1:(\d+)/mutate",
+                    env=DRA_ENV,
+                )
+                servers.append(("dra", proc, port))
             if args.baseline:
                 servers.append(
                     start_baseline(args.baseline, Path(tmp), bundle.cert_file, bundle.key_file)
@@ -534,6 +569,21 @@ def coordinate(args: argparse.Namespace) -> int:
             f"{statistics.median(p for _, p in paired):.2f} "
             f"(rounds: {', '.join(f'{c:.2f}' for c, _ in paired)})"
         )
+    if args.dra:
+        print(
+            f"  {'POST /mutate, DRA mode (claims)':<38} {med('dra', 'rps'):8.0f} req/s  p50 "
+            f"{med('dra', 'p50_ms'):6.2f} ms  p99 {med('dra', 'p99_ms'):6.2f} ms  "
+            f"server CPU {med('dra', 'cpu_us_per_request'):5.0f} us/req"
+        )
+        paired_dra = [
+            (d.cpu_us_per_request / m.cpu_us_per_request, d.rps / f.rps)
+            for d, m, f in zip(results["dra"], results["mutate"], results["floor"], strict=True)
+        ]
+        print(
+            "  DRA mode, median of per-round ratios: server CPU/req vs device-plugin mode "
+            f"{statistics.median(c for c, _ in paired_dra):.2f}, throughput vs floor "
+            f"{statistics.median(t for _, t in paired_dra):.0%}"
+        )
     if args.breakdown:
         print("\nwhere /mutate's server CPU goes (each step done through a floor's batcher):")
         previous = med("floor", "cpu_us_per_request")
@@ -568,6 +618,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--baseline", metavar="REF", help="also measure the webhook as of git revision REF"
+    )
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="also measure the webhook in DRA mode (the share becomes a ResourceClaim)",
     )
     parser.add_argument("--role", choices=("coordinator", "client", "floor"), default="coordinator")
     parser.add_argument("--step", choices=STEPS, help="floor role: do /mutate's work up to here")
