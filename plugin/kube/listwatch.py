@@ -5,7 +5,11 @@ extracted here in a neutral place so that the scheduler extender's ledger
 cache (Nodes, Pods, Namespaces) follows it without importing the webhook:
 
 * list once (raw JSON, no model deserialisation: a 5,000-pod list decodes in
-  milliseconds instead of seconds), hand every item to ``on_list``;
+  milliseconds instead of seconds), page by page (``limit``/``continue``, every page
+  from one snapshot), each page decoded in a worker thread: a cluster's whole pod list
+  is tens of megabytes, and decoding it in one piece on the event loop held every
+  request the process serves (admission reviews, filter calls) for as long; then hand
+  every item to ``on_list`` at once;
 * watch from the list's resourceVersion, with bookmarks and a server-side
   timeout, handing each event to ``on_event``; re-open the watch from the
   last resourceVersion when it ends;
@@ -31,6 +35,10 @@ logger = logging.getLogger(__name__)
 WATCH_TIMEOUT_S: Final = 300
 """Server-side watch timeout; the watch is re-opened from the last resourceVersion."""
 
+PAGE_SIZE: Final = 500
+"""Objects per list request (kubectl's and client-go's pager chunk): one page of pods
+decodes in a few milliseconds, the longest the event loop waits for the decoding thread."""
+
 BACKOFF_S: Final = (0.5, 30.0)
 """First and largest delay between attempts after a list or watch error."""
 
@@ -51,6 +59,7 @@ class ListWatch:
         on_event: Callable[[str, dict[str, Any]], None],
         query: dict[str, Any] | None = None,
         watch_timeout_s: int = WATCH_TIMEOUT_S,
+        page_size: int = PAGE_SIZE,
     ) -> None:
         self.what = what
         self._list_call = list_call
@@ -58,6 +67,7 @@ class ListWatch:
         self._on_event = on_event
         self._query = dict(query or {})
         self._watch_timeout_s = watch_timeout_s
+        self._page_size = page_size
         self.synced = asyncio.Event()
         """Set after the first complete list was handed to ``on_list``."""
 
@@ -82,26 +92,39 @@ class ListWatch:
                 delay = min(delay * 2, BACKOFF_S[1])
 
     async def _list(self) -> str:
-        resp = _raw(
-            await self._list_call(
-                **self._query,
-                _preload_content=False,
-                _request_timeout=aiohttp.ClientTimeout(total=120),
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            paging: dict[str, Any] = {"limit": self._page_size}
+            if token:
+                paging["_continue"] = token
+            resp = _raw(
+                await self._list_call(
+                    **self._query,
+                    **paging,
+                    _preload_content=False,
+                    _request_timeout=aiohttp.ClientTimeout(total=120),
+                )
             )
-        )
-        try:
-            body = await resp.read()
-        finally:
-            resp.release()
-        if resp.status != 200:
-            raise RuntimeError(f"list {self.what}: HTTP {resp.status}: {status_message(body)}")
-        data = json.loads(body)
-        items = [i for i in data.get("items") or [] if isinstance(i, dict)]
+            try:
+                body = await resp.read()
+            finally:
+                resp.release()
+            if resp.status != 200:
+                # 410 on a continue token: the snapshot was compacted mid-list; the
+                # caller lists again from the start.
+                raise RuntimeError(f"list {self.what}: HTTP {resp.status}: {status_message(body)}")
+            data = await asyncio.to_thread(json.loads, body)
+            items.extend(i for i in data.get("items") or [] if isinstance(i, dict))
+            meta = data.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            if not token:
+                break
         self._on_list(items)
         if not self.synced.is_set():
             self.synced.set()
             logger.info("%s listed", self.what, extra={"count": len(items)})
-        return str((data.get("metadata") or {}).get("resourceVersion") or "")
+        return str(meta.get("resourceVersion") or "")
 
     async def _watch(self, rv: str) -> str | None:
         """Follow changes from ``rv``; the rv to continue from, or None to re-list."""

@@ -369,14 +369,22 @@ class FakeKubeApi:
             ]
             list_meta: Obj = {"resourceVersion": str(self._current_rv())}
             if query.get("continue"):
-                after = tuple(json.loads(query["continue"]))
+                last, snapshot_rv = json.loads(query["continue"])
+                after = tuple(last)
                 selected = [(key, o) for key, o in selected if key > after]
+                # Every page of one list carries the first page's resourceVersion, as the
+                # API server serves them from one snapshot: a watch from it replays whatever
+                # changed while the pages were read (here the later pages may already show
+                # such a change; the watch then repeats it, which a consumer must bear).
+                list_meta["resourceVersion"] = snapshot_rv
             if query.get("limit") and int(query["limit"]) < len(selected):
-                # Paging as the API server does it: an opaque token (here the last
-                # key served) and the count still to come.
+                # Paging as the API server does it: an opaque token (here the last key
+                # served and the snapshot's resourceVersion) and the count still to come.
                 rest = len(selected) - int(query["limit"])
                 selected = selected[: int(query["limit"])]
-                list_meta["continue"] = json.dumps(list(selected[-1][0]))
+                list_meta["continue"] = json.dumps(
+                    [list(selected[-1][0]), list_meta["resourceVersion"]]
+                )
                 list_meta["remainingItemCount"] = rest
             return web.json_response(
                 {
