@@ -409,44 +409,30 @@ def coordinate(args: argparse.Namespace) -> int:
         body = Path(tmp) / "review.json"
         body.write_text(json.dumps(json.loads(FIXTURE.read_text()), separators=(",", ":")))
         env_cmd = [sys.executable]
-        webhook, webhook_port = start_server(
-            [
-                *env_cmd,
-                "-m",
-                "metagpu.cli",
-                "webhook",
-                "--listen",
-                "127.0.0.1:0",
-                "--tls-cert",
-                str(bundle.cert_file),
-                "--tls-key",
-                str(bundle.key_file),
-                "--kubernetes",
-                "false",
-            ],
-            r"serving https://127\.0\.0\.1:(\d+)/mutate",
-        )
+        webhook_cmd = [
+            *env_cmd,
+            "-m",
+            "metagpu.cli",
+            "webhook",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            str(bundle.cert_file),
+            "--tls-key",
+            str(bundle.key_file),
+            "--kubernetes",
+            "false",
+        ]
+        serving = r"serving https://127\.0\.0\.1:(\d+)/mutate"
+        webhook, webhook_port = start_server(webhook_cmd, serving)
         servers: list[tuple[str, subprocess.Popen[str], int]] = []
         try:
             if args.dra:
                 # The same review through DRA mode: the fraction becomes a ResourceClaim
                 # (webhook/dra.py), what a pod's creation costs there.
                 proc, port = start_server(
-                    [
-                        *env_cmd,
-                        "-m",
-                        "metagpu.cli",
-                        "webhook",
-                        "--listen",
-                        "127.0.0.1:0",
-                        "--tls-cert",
-                        str(bundle.cert_file),
-                        "--tls-key",
-                        str(bundle.key_file),
-                        "--kubernetes",
-                        "false",
-                    ],
-                    r"serving https://127\.0\.0\.1:(\d+)/mutate",
+                    webhook_cmd,
+                    serving,
                     env=DRA_ENV,
                 )
                 servers.append(("dra", proc, port))
