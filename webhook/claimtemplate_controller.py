@@ -273,6 +273,7 @@ async def run_claim_templates(
         namespace=lease_namespace,
         identity=identity,
         timing=timing,
+        work_name="claim-template controller",
         on_change=on_change,
     )
     if explain is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
@@ -194,9 +195,11 @@ async def test_a_deleted_template_comes_back_while_pods_name_it(
 
 
 async def test_under_a_lease_with_exactly_the_declared_permissions(
-    cluster: tuple[FakeKubeApi, Path],
+    cluster: tuple[FakeKubeApi, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The way the webhook process runs it: one leader writes, with the verbs declared."""
+    """The way the webhook process runs it: one leader writes, with the verbs declared, and
+    its log names it (the quota mirror's elector runs in the same process)."""
+    caplog.set_level(logging.INFO, logger="webhook.quotas.leader")
     api, kubeconfig = cluster
     api.put(converted_pod("p", "500m"))
     client = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig), {})
@@ -217,6 +220,9 @@ async def test_under_a_lease_with_exactly_the_declared_permissions(
     try:
         await eventually(lambda: names(api) == {"metagpu-50u-40gi"})
         assert leadership.leaders() == {"a"}
+        led = [r.getMessage() for r in caplog.records if r.name == "webhook.quotas.leader"]
+        assert "leading the claim-template controller" in led
+        assert not [m for m in led if "quota mirror" in m]
         api.remove("v1", "Pod", "p", "team-a")
         await eventually(lambda: names(api) == set())
         await eventually(lambda: any(r.verb == "watch" for r in api.requests))

@@ -204,6 +204,7 @@ async def run_quota_mirror(
         namespace=lease_namespace,
         identity=identity,
         timing=timing,
+        work_name="quota mirror",
         on_change=on_change,
     )
     await elector.run(mirror.run)

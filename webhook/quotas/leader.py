@@ -89,10 +89,14 @@ class LeaderElector:
         namespace: str,
         identity: str,
         timing: LeaseTiming,
+        work_name: str,
         release_on_cancel: bool = True,
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
+        """``work_name`` (``quota mirror``, ``claim-template controller``) names the work in
+        the logs and its task: one process may run two electors on two Leases."""
         self._leases = k8s_client.CoordinationV1Api(api)
+        self._work_name = work_name
         self._name = name
         self._namespace = namespace
         self.identity = identity
@@ -120,7 +124,8 @@ class LeaderElector:
 
     async def _acquire(self) -> None:
         logger.info(
-            "waiting to lead the quota mirror",
+            "waiting to lead the %s",
+            self._work_name,
             extra={"lease": f"{self._namespace}/{self._name}", "identity": self.identity},
         )
         loop = asyncio.get_running_loop()
@@ -133,7 +138,7 @@ class LeaderElector:
 
     async def _lead(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self._set_leading(True)
-        worker = asyncio.create_task(work(), name="metagpu-quota-mirror")
+        worker = asyncio.create_task(work(), name=f"metagpu-{self._work_name.replace(' ', '-')}")
         renewer = asyncio.create_task(self._renew_until_lost(), name="metagpu-lease-renew")
         try:
             await asyncio.wait({worker, renewer}, return_when=asyncio.FIRST_COMPLETED)
@@ -145,7 +150,7 @@ class LeaderElector:
                     try:
                         await task
                     except Exception:
-                        logger.exception("quota mirror stopped with an error")
+                        logger.exception("%s stopped with an error", self._work_name)
             self._set_leading(False)
         # Lost the Lease, or the work ended: stand back for one period before trying again.
         await asyncio.sleep(self._timing.retry_period_s)
@@ -153,7 +158,8 @@ class LeaderElector:
     def _set_leading(self, leading: bool) -> None:
         self.leading = leading
         logger.info(
-            "leading the quota mirror" if leading else "stopped leading the quota mirror",
+            "leading the %s" if leading else "stopped leading the %s",
+            self._work_name,
             extra={"lease": f"{self._namespace}/{self._name}", "identity": self.identity},
         )
         if self._on_change is not None:

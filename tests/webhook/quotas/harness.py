@@ -111,6 +111,7 @@ async def mirror_instance(
         namespace=LEASE_NAMESPACE,
         identity=identity,
         timing=timing,
+        work_name="quota mirror",
         release_on_cancel=release_on_cancel,
         on_change=leadership.record(identity),
     )
