@@ -21,9 +21,7 @@ from webhook.config import WebhookConfig
 from webhook.dra_waiting import ExplainSettings
 from webhook.metrics import DraWaitingStats
 from webhook.model import DraSettings
-from webhook.namespaces import KubernetesUnavailableError, cluster_wanted, new_api_client
-from webhook.quotas.leader import default_identity
-from webhook.quotas.service import IN_CLUSTER_ENV, lease_namespace, lease_timing
+from webhook.quotas.service import IN_CLUSTER_ENV, elected_in_background, lease_timing
 
 logger = logging.getLogger(__name__)
 
@@ -65,42 +63,24 @@ async def claim_templates(
             )
         yield None
         return
-    if not cluster_wanted(config.kubernetes, env) or config.kubernetes.enabled is False:
-        raise KubernetesUnavailableError(
-            "dra.controller is true but no Kubernetes cluster is configured "
-            "(run in a pod, or give kubernetes.kubeconfig / KUBECONFIG)"
-        )
-    namespace = lease_namespace(config)
-    api = await new_api_client(config.kubernetes, env)
-    identity = config.quota_mirror.identity or default_identity()
-    api.user_agent = f"metagpu-claim-templates/{identity}"
-    task = asyncio.create_task(
-        run_claim_templates(
+    timing = lease_timing(config)
+    async with elected_in_background(
+        config,
+        env,
+        setting="dra.controller",
+        agent="metagpu-claim-templates",
+        task_name="metagpu-claim-templates-election",
+        stopped="claim-template controller stopped; new DRA share shapes get no template",
+        run=lambda api, namespace, identity: run_claim_templates(
             api,
             dra=DraSettings.of(config.dra),
             lease_name=config.dra.lease_name,
             lease_namespace=namespace,
             identity=identity,
-            timing=lease_timing(config),
+            timing=timing,
             on_change=on_change,
             explain=explain_settings(config),
             metrics=metrics,
         ),
-        name="metagpu-claim-templates-election",
-    )
-    task.add_done_callback(_log_unexpected_exit)
-    try:
+    ) as task:
         yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await api.close()
-
-
-def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.error(
-            "claim-template controller stopped; new DRA share shapes get no template",
-            exc_info=task.exception(),
-        )

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Final
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import Any, Final
+
+from kubernetes_asyncio import client as k8s_client
 
 from certs.kube import SERVICE_ACCOUNT_NAMESPACE_FILE
 from webhook.config import WebhookConfig
@@ -128,29 +131,62 @@ async def quota_mirror(
         logger.info("quota mirror is off", extra={"enabled": config.quota_mirror.enabled})
         yield None
         return
-    if not cluster_wanted(config.kubernetes, env) or config.kubernetes.enabled is False:
-        raise KubernetesUnavailableError(
-            "quota_mirror.enabled is true but no Kubernetes cluster is configured "
-            "(run in a pod, or give kubernetes.kubeconfig / KUBECONFIG)"
-        )
-    namespace = lease_namespace(config)
     timing = lease_timing(config)
-    api = await new_api_client(config.kubernetes, env)
-    identity = config.quota_mirror.identity or default_identity()
-    api.user_agent = f"metagpu-quota-mirror/{identity}"
-    task = asyncio.create_task(
-        run_quota_mirror(
+    settings = mirror_settings(config)
+    async with elected_in_background(
+        config,
+        env,
+        setting="quota_mirror.enabled",
+        agent="metagpu-quota-mirror",
+        task_name="metagpu-quota-mirror-election",
+        stopped="quota mirror stopped; GPU quotas are no longer mirrored",
+        run=lambda api, namespace, identity: run_quota_mirror(
             api,
-            settings=mirror_settings(config),
+            settings=settings,
             lease_name=config.quota_mirror.lease_name,
             lease_namespace=namespace,
             identity=identity,
             timing=timing,
             on_change=on_change,
         ),
-        name="metagpu-quota-mirror-election",
-    )
-    task.add_done_callback(_log_unexpected_exit)
+    ) as task:
+        yield task
+
+
+Elected = Callable[[k8s_client.ApiClient, str, str], Coroutine[Any, Any, None]]
+"""Leader-elected work, given its API client, the Lease namespace and the identity."""
+
+
+@contextlib.asynccontextmanager
+async def elected_in_background(
+    config: WebhookConfig,
+    env: Mapping[str, str],
+    *,
+    setting: str,
+    agent: str,
+    task_name: str,
+    stopped: str,
+    run: Elected,
+) -> AsyncIterator[asyncio.Task[None]]:
+    """Run leader-elected ``run`` in the background of the webhook process; yields its task.
+
+    The lifecycle the quota mirror and DRA mode's claim-template controller share: refused
+    before anything starts when no cluster is configured or the Lease namespace cannot be
+    told (``setting`` is what asked for it); its own API client, whose ``User-Agent``
+    (``agent``/identity) tells its requests apart in the API server's audit log; the
+    identity ``quota_mirror.identity`` or a fresh one; ``stopped`` logged if the work ever
+    ends by itself; on exit cancelled (its Lease released) and its client closed."""
+    if not cluster_wanted(config.kubernetes, env) or config.kubernetes.enabled is False:
+        raise KubernetesUnavailableError(
+            f"{setting} is true but no Kubernetes cluster is configured "
+            "(run in a pod, or give kubernetes.kubeconfig / KUBECONFIG)"
+        )
+    namespace = lease_namespace(config)
+    api = await new_api_client(config.kubernetes, env)
+    identity = config.quota_mirror.identity or default_identity()
+    api.user_agent = f"{agent}/{identity}"
+    task = asyncio.create_task(run(api, namespace, identity), name=task_name)
+    task.add_done_callback(functools.partial(_log_unexpected_exit, stopped))
     try:
         yield task
     finally:
@@ -194,8 +230,6 @@ async def serve_quota_mirror(config: WebhookConfig, *, env: Mapping[str, str] | 
     return 0
 
 
-def _log_unexpected_exit(task: asyncio.Task[None]) -> None:
+def _log_unexpected_exit(stopped: str, task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        logger.error(
-            "quota mirror stopped; GPU quotas are no longer mirrored", exc_info=task.exception()
-        )
+        logger.error(stopped, exc_info=task.exception())
