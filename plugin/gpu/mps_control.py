@@ -17,14 +17,16 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from plugin.gpu.mps import PID_FILE_NAME
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_REPLY_BYTES: Final = 64 * 1024
 """A reply longer than this is cut (a server list of thousands of PIDs would still fit)."""
@@ -94,20 +96,9 @@ class MpsControl:
                 )
             except OSError as exc:
                 raise MpsControlError(f"cannot run {' '.join(self.command)}: {exc}") from exc
-            try:
-                code = await asyncio.wait_for(proc.wait(), timeout_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-                raise MpsControlError(
-                    f"{self._name} -d did not return within {timeout_s:g}s"
-                ) from None
-            except asyncio.CancelledError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await asyncio.shield(proc.wait())
-                raise
+            code = await _killed_unless_done(
+                proc, proc.wait(), timeout_s, late=f"{self._name} -d did not return"
+            )
             out.seek(0)
             text = out.read(MAX_REPLY_BYTES).decode(errors="replace")
         if code != 0:
@@ -167,21 +158,13 @@ class MpsControl:
             )
         except OSError as exc:
             raise MpsControlError(f"cannot run {' '.join(self.command)}: {exc}") from exc
-        try:
-            return await asyncio.wait_for(self._talk(proc, stdin), timeout_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            raise MpsControlError(
-                f"{self._name} {' '.join(args) or repr(stdin.strip() if stdin else '')} "
-                f"did not finish within {timeout_s:g}s"
-            ) from None
-        except asyncio.CancelledError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await asyncio.shield(proc.wait())
-            raise
+        return await _killed_unless_done(
+            proc,
+            self._talk(proc, stdin),
+            timeout_s,
+            late=f"{self._name} {' '.join(args) or repr(stdin.strip() if stdin else '')} "
+            "did not finish",
+        )
 
     @staticmethod
     async def _talk(proc: asyncio.subprocess.Process, stdin: str | None) -> tuple[int, str]:
@@ -216,3 +199,23 @@ def _running(pid: int) -> bool:
     except OSError:
         return True  # no procfs here: trust kill(0)
     return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+async def _killed_unless_done(
+    proc: asyncio.subprocess.Process, work: Awaitable[T], timeout_s: float, *, late: str
+) -> T:
+    """``work`` on ``proc`` within ``timeout_s``; past it, or when cancelled, the process is
+    killed and reaped first (never left running, never a zombie), then ``late`` is raised
+    (or the cancellation goes on)."""
+    try:
+        return await asyncio.wait_for(work, timeout_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise MpsControlError(f"{late} within {timeout_s:g}s") from None
+    except asyncio.CancelledError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await asyncio.shield(proc.wait())
+        raise
