@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -120,25 +120,13 @@ class Cleaner:
     async def delete_leases(self, namespace: str, names: tuple[str, ...]) -> None:
         """Delete each Lease by name; one already gone counts as done."""
         for name in names:
-            manual = lease_command(namespace, name)
-            try:
-                answer = await call_api(
-                    partial(
-                        self._leases.delete_namespaced_lease,
-                        name,
-                        namespace,
-                        **raw_options(self._timeout_s),
-                    )
-                )
-            except TRANSPORT_ERRORS as exc:
-                self._fail(f"lease {namespace}/{name}: {_text(exc)}", manual)
-                continue
-            if answer.ok:
-                self._done(f"lease {namespace}/{name}: deleted")
-            elif answer.status == 404:
-                self._done(f"lease {namespace}/{name}: already gone")
-            else:
-                self._fail(f"lease {namespace}/{name}: {_status(answer)}", manual)
+            await self._delete(
+                f"lease {namespace}/{name}",
+                partial(self._leases.delete_namespaced_lease, name, namespace),
+                uid=None,
+                done="deleted",
+                manual=lease_command(namespace, name),
+            )
 
     # --------------------------------------------------------- templates
     async def delete_templates(self) -> None:
@@ -194,7 +182,7 @@ class Cleaner:
             await self._delete_template(namespace, name, str(template["metadata"].get("uid", "")))
 
     async def _delete_template(self, namespace: str, name: str, uid: str) -> None:
-        await self._delete_listed(
+        await self._delete(
             f"resourceclaimtemplate {namespace}/{name}",
             partial(self._resource.delete_namespaced_resource_claim_template, name, namespace),
             uid=uid,
@@ -202,22 +190,27 @@ class Cleaner:
             manual=template_command(namespace, name),
         )
 
-    async def _delete_listed(
+    async def _delete(
         self,
         ref: str,
         send: Callable[..., Awaitable[object]],
         *,
-        uid: str,
+        uid: str | None,
         done: str,
         manual: str,
     ) -> None:
-        """Delete one object as it was listed: the uid precondition leaves alone one made
-        again since the list, which is not ours to judge; 404 counts as done."""
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        """Delete one object; 404 counts as done. With ``uid`` (an object as it was
+        listed) the uid precondition leaves alone one made again since the list, which is
+        not ours to judge; without, by name (the release's Leases)."""
+        options: dict[str, Any] = raw_options(self._timeout_s)
+        if uid is not None:
+            options["body"] = {
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "preconditions": {"uid": uid},
+            }
         try:
-            answer = await call_api(
-                lambda: send(body=cast(Any, body), **raw_options(self._timeout_s))
-            )
+            answer = await call_api(lambda: send(**options))
         except TRANSPORT_ERRORS as exc:
             self._fail(f"{ref}: {_text(exc)}", manual)
             return
@@ -253,7 +246,7 @@ class Cleaner:
             )
 
     async def _delete_companion(self, namespace: str, name: str, uid: str) -> None:
-        await self._delete_listed(
+        await self._delete(
             f"resourcequota {namespace}/{name}",
             partial(self._core.delete_namespaced_resource_quota, name, namespace),
             uid=uid,
